@@ -1,0 +1,43 @@
+//! The command line (spec §1). Only subcommands that work are declared.
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "pbrl", version, about = "Train a team of LLM agents from preferences between their joint responses")]
+pub struct Cli {
+    /// Threads for candle and rayon (default: PBRL_THREADS, else the physical cores).
+    #[arg(long, global = true)]
+    pub threads: Option<usize>,
+    /// More log output (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Sample from the agents, score with the task reward only, write a report.
+    Eval(CommonArgs),
+}
+
+/// What every subcommand takes.
+#[derive(Debug, Args)]
+pub struct CommonArgs {
+    /// The TOML config file.
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// Override a config key: KEY=VALUE (dotted for tables: task.eval_file=...). Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Overrides may also be given bare: `pbrl eval --config c.toml max_new_tokens=32`.
+    #[arg(value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// The run directory (overrides `run_dir`).
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// Print the resolved config (all defaults filled in) and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}

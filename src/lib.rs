@@ -1,0 +1,14 @@
+//! pbrl: multi-agent preference-based RL for teams of LLM agents, on candle.
+//!
+//! Data flows one way: command line → [`config`] → a stage in [`stages`] → the task, the team
+//! of agents and the [`model`] runtime → candle.
+pub mod agents;
+pub mod cli;
+pub mod config;
+pub mod device;
+pub mod model;
+pub mod progress;
+pub mod rng;
+pub mod run_dir;
+pub mod stages;
+pub mod task;

@@ -1,0 +1,65 @@
+//! pbrl's entry point: parse the command line, load the config, set up logging and threads,
+//! run the stage. Errors print as one line and exit with code 2.
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Parser;
+use pbrl::cli::{Cli, Command, CommonArgs};
+use pbrl::config::{Config, Override};
+use pbrl::run_dir::RunDir;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    pbrl::device::init_threads(cli.threads);
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the error and its causes, no backtrace.
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("pbrl={default},warn")));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+}
+
+/// Load the config with its overrides; `None` when only --print-config was asked.
+fn load_config(args: &CommonArgs) -> Result<Option<(Config, RunDir)>> {
+    let overrides = args
+        .set
+        .iter()
+        .chain(args.overrides.iter())
+        .map(|s| Override::parse(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut cfg = Config::load(&args.config, &overrides)?;
+    if let Some(d) = &args.run_dir {
+        cfg.run_dir = d.clone();
+    }
+    if args.print_config {
+        print!("{}", cfg.to_toml());
+        return Ok(None);
+    }
+    let run_dir = RunDir::new(&cfg.run_dir);
+    run_dir.write_config(&cfg.to_toml())?;
+    Ok(Some((cfg, run_dir)))
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Eval(args) => {
+            let Some((cfg, run_dir)) = load_config(&args)? else { return Ok(()) };
+            pbrl::stages::eval::run(&cfg, &run_dir)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,17 @@
+//! The model runtime: a trainable transformer on candle, its loading and saving, tokenizer and
+//! chat template, batched sampling and log-prob scoring. It knows nothing of preferences.
+pub mod batch;
+pub mod config;
+pub mod load;
+pub mod sampling;
+pub mod scoring;
+pub mod tiny;
+pub mod tokenizer;
+pub mod transformer;
+
+pub use config::{Architecture, ModelConfig};
+pub use load::{LoadedModel, ModelSource};
+pub use sampling::{SampleRequest, SamplingParams};
+pub use scoring::{LastToken, ScoreRow};
+pub use tokenizer::{ChatTemplate, ChatTokenizer};
+pub use transformer::{CausalLm, KvCache, Mode};

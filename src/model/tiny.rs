@@ -1,0 +1,128 @@
+//! Tiny random models with a word-level tokenizer, for unit tests and benchmarks that must not
+//! depend on downloaded weights. Initialised from a seeded ChaCha stream (candle's CPU RNG
+//! cannot be seeded), so they are reproducible.
+use std::collections::HashMap;
+
+use anyhow::{anyhow, Result};
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::VarMap;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+
+use super::config::{Architecture, ModelConfig};
+use super::tokenizer::ChatTokenizer;
+use super::transformer::CausalLm;
+use super::LoadedModel;
+
+/// 2 layers, GQA (4 query heads over 2 kv heads), a vocabulary of `vocab` words.
+pub fn tiny_config(architecture: Architecture, vocab: usize, tie: bool) -> ModelConfig {
+    ModelConfig {
+        architecture,
+        hidden_size: 32,
+        intermediate_size: 48,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 8,
+        vocab_size: vocab,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10_000.0,
+        max_position_embeddings: 256,
+        tie_word_embeddings: tie,
+        bos_token_id: None,
+        eos_token_id: Some(1),
+    }
+}
+
+/// Every weight the model reads, with its shape.
+pub fn weight_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+    let q = cfg.num_attention_heads * cfg.head_dim;
+    let kv = cfg.num_key_value_heads * cfg.head_dim;
+    let mut w = vec![("model.embed_tokens.weight".to_string(), vec![v, h]), ("model.norm.weight".into(), vec![h])];
+    if !cfg.tie_word_embeddings {
+        w.push(("lm_head.weight".into(), vec![v, h]));
+    }
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        w.push((format!("{p}.input_layernorm.weight"), vec![h]));
+        w.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        w.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
+        w.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
+        w.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
+        w.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
+        if cfg.qkv_bias() {
+            w.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
+            w.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
+            w.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
+        }
+        w.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
+        w.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
+        w.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+    }
+    w
+}
+
+/// Random weights (norm weights near 1, matrices ~ N(0, 0.3²)) as `Var`s of `dtype`.
+pub fn random_varmap(cfg: &ModelConfig, seed: u64, dtype: DType, dev: &Device) -> Result<VarMap> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let varmap = VarMap::new();
+    {
+        let mut data = varmap.data().lock().expect("fresh VarMap lock");
+        for (name, shape) in weight_shapes(cfg) {
+            let n: usize = shape.iter().product();
+            let is_norm = name.ends_with("norm.weight");
+            let vals: Vec<f64> = (0..n)
+                .map(|_| {
+                    // Sum of uniforms: cheap, bell-shaped, seeded.
+                    let g: f64 = (0..4).map(|_| rng.random::<f64>() - 0.5).sum::<f64>() * 0.6;
+                    if is_norm {
+                        1.0 + 0.2 * g
+                    } else {
+                        g
+                    }
+                })
+                .collect();
+            let t = Tensor::from_vec(vals, shape, dev)?.to_dtype(dtype)?;
+            data.insert(name, Var::from_tensor(&t)?);
+        }
+    }
+    Ok(varmap)
+}
+
+/// A word-level tokenizer over `<pad> <eos> <unk> w0 w1 ...` (whitespace-separated words).
+pub fn word_tokenizer(vocab: usize) -> Result<ChatTokenizer> {
+    let mut words: HashMap<String, u32> = HashMap::new();
+    words.insert("<pad>".into(), 0);
+    words.insert("<eos>".into(), 1);
+    words.insert("<unk>".into(), 2);
+    for i in 3..vocab {
+        words.insert(format!("w{}", i - 3), i as u32);
+    }
+    let j = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [
+            {"id": 0, "content": "<pad>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+            {"id": 1, "content": "<eos>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}
+        ],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": words, "unk_token": "<unk>"}
+    });
+    let tok = tokenizers::Tokenizer::from_bytes(serde_json::to_vec(&j)?).map_err(|e| anyhow!("{e}"))?;
+    let mut t = ChatTokenizer::new(tok, None, Some(1))?;
+    t.pad_id = 0;
+    t.eos_token = Some("<eos>".into());
+    Ok(t)
+}
+
+/// A complete tiny model (f32 unless `dtype` says otherwise) with its tokenizer.
+pub fn tiny_model(architecture: Architecture, tie: bool, seed: u64, dtype: DType) -> Result<LoadedModel> {
+    let dev = Device::Cpu;
+    let cfg = tiny_config(architecture, 40, tie);
+    let varmap = random_varmap(&cfg, seed, dtype, &dev)?;
+    let vb = candle_nn::VarBuilder::from_varmap(&varmap, dtype, &dev);
+    let model = CausalLm::load(vb, &cfg)?;
+    Ok(LoadedModel { model, varmap, tokenizer: word_tokenizer(cfg.vocab_size)?, source: format!("tiny:{seed}") })
+}

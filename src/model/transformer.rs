@@ -1,0 +1,403 @@
+//! A trainable decoder-only transformer (Llama family and Qwen2), in the style of
+//! `candle-transformers`: plain structs with `forward`, weights loaded by name through a
+//! `VarBuilder` backed by a `VarMap`, so every weight is a `Var` that receives gradients.
+//!
+//! Why not `candle_transformers::models::llama`: it returns only the last position's logits, takes
+//! no padding mask and uses fused kernels without a backward pass (rms_norm, softmax_last_dim,
+//! rope), which silently cut the autograd graph. Here [`Mode::Train`] uses differentiable
+//! compositions of those ops and [`Mode::Infer`] the fused kernels (for sampling).
+use anyhow::{bail, Result};
+use candle_core::{DType, Device, Tensor, D};
+use candle_nn::VarBuilder;
+
+use super::config::ModelConfig;
+
+/// Which kernels a forward pass may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Differentiable ops only: gradients reach every weight.
+    Train,
+    /// Fused inference kernels (no backward): faster sampling and scoring without gradients.
+    Infer,
+}
+
+/// Fetch a weight that must exist (a `VarMap`-backed `VarBuilder` would otherwise create a fresh
+/// random one for a missing name, which would silently train a broken model).
+fn required<S: Into<candle_core::Shape>>(vb: &VarBuilder, shape: S, name: &str) -> Result<Tensor> {
+    if !vb.contains_tensor(name) {
+        bail!("the model has no weight `{}`", vb.prefix_name(name));
+    }
+    Ok(vb.get(shape, name)?)
+}
+
+trait PrefixName {
+    fn prefix_name(&self, name: &str) -> String;
+}
+impl PrefixName for VarBuilder<'_> {
+    fn prefix_name(&self, name: &str) -> String {
+        let p = self.prefix();
+        if p.is_empty() {
+            name.to_string()
+        } else {
+            format!("{p}.{name}")
+        }
+    }
+}
+
+/// `y = x Wᵀ (+ b)`, applied to a 2-D view of `x` so forward, dX and dW are single GEMMs.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    fn load(vb: &VarBuilder, in_dim: usize, out_dim: usize, name: &str, bias: bool) -> Result<Self> {
+        let vb = vb.pp(name);
+        let weight = required(&vb, (out_dim, in_dim), "weight")?;
+        let bias = if bias { Some(required(&vb, out_dim, "bias")?) } else { None };
+        Ok(Self { weight, bias })
+    }
+
+    pub fn from_weight(weight: Tensor) -> Self {
+        Self { weight, bias: None }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims();
+        let in_dim = *dims.last().expect("linear input has at least one dim");
+        let x2 = x.reshape(((), in_dim))?;
+        let mut y = x2.matmul(&self.weight.t()?)?;
+        if let Some(b) = &self.bias {
+            y = y.broadcast_add(b)?;
+        }
+        let mut out = dims[..dims.len() - 1].to_vec();
+        out.push(y.dim(1)?);
+        Ok(y.reshape(out)?)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn load(vb: &VarBuilder, dim: usize, name: &str, eps: f64) -> Result<Self> {
+        Ok(Self { weight: required(&vb.pp(name), dim, "weight")?, eps })
+    }
+
+    pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        Ok(match mode {
+            Mode::Infer => candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32)?,
+            Mode::Train => {
+                let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+                x.broadcast_div(&(ms + self.eps)?.sqrt()?)?.broadcast_mul(&self.weight)?
+            }
+        })
+    }
+}
+
+/// cos/sin tables for every position, and the per-batch slices of them.
+#[derive(Debug, Clone)]
+pub struct RotaryEmbedding {
+    cos: Tensor, // (max_pos, head_dim / 2)
+    sin: Tensor,
+}
+
+/// cos/sin gathered at a batch's position ids: (b, s, head_dim / 2).
+pub struct RopeSlice {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl RotaryEmbedding {
+    fn new(cfg: &ModelConfig, dtype: DType, dev: &Device) -> Result<Self> {
+        let hd = cfg.head_dim;
+        let inv: Vec<f32> = (0..hd)
+            .step_by(2)
+            .map(|i| (1.0 / cfg.rope_theta.powf(i as f64 / hd as f64)) as f32)
+            .collect();
+        let n = inv.len();
+        let inv = Tensor::from_vec(inv, (1, n), dev)?;
+        let t = Tensor::arange(0u32, cfg.max_position_embeddings as u32, dev)?
+            .to_dtype(DType::F32)?
+            .reshape(((), 1))?;
+        let freqs = t.broadcast_mul(&inv)?;
+        Ok(Self { cos: freqs.cos()?.to_dtype(dtype)?, sin: freqs.sin()?.to_dtype(dtype)? })
+    }
+
+    fn slice(&self, positions: &Tensor) -> Result<RopeSlice> {
+        let (b, s) = positions.dims2()?;
+        let flat = positions.flatten_all()?;
+        let half = self.cos.dim(1)?;
+        let cos = self.cos.index_select(&flat, 0)?.reshape((b, s, half))?;
+        let sin = self.sin.index_select(&flat, 0)?.reshape((b, s, half))?;
+        Ok(RopeSlice { cos, sin })
+    }
+}
+
+impl RopeSlice {
+    /// Rotate-half rope (Hugging Face layout) on x: (b, heads, s, head_dim).
+    fn apply(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        Ok(match mode {
+            Mode::Infer => candle_nn::rotary_emb::rope(&x.contiguous()?, &self.cos, &self.sin)?,
+            Mode::Train => {
+                let cos = Tensor::cat(&[&self.cos, &self.cos], D::Minus1)?.unsqueeze(1)?;
+                let sin = Tensor::cat(&[&self.sin, &self.sin], D::Minus1)?.unsqueeze(1)?;
+                let d = x.dim(D::Minus1)?;
+                let x1 = x.narrow(D::Minus1, 0, d / 2)?;
+                let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
+                let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+                (x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?)?
+            }
+        })
+    }
+}
+
+/// Per-layer key/value cache for incremental decoding: (b, n_kv_heads, t, head_dim) each.
+#[derive(Debug, Clone, Default)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+}
+
+impl KvCache {
+    pub fn new(num_layers: usize) -> Self {
+        Self { layers: vec![None; num_layers] }
+    }
+
+    /// Number of cached positions.
+    pub fn len(&self) -> usize {
+        self.layers
+            .first()
+            .and_then(|l| l.as_ref())
+            .map(|(k, _)| k.dim(2).unwrap_or(0))
+            .unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keep only the given batch rows (finished sequences leave the batch).
+    pub fn select_rows(&mut self, rows: &Tensor) -> Result<()> {
+        for (k, v) in self.layers.iter_mut().flatten() {
+            *k = k.index_select(rows, 0)?;
+            *v = v.index_select(rows, 0)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    fn load(vb: &VarBuilder, cfg: &ModelConfig) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let q_dim = cfg.num_attention_heads * cfg.head_dim;
+        let kv_dim = cfg.num_key_value_heads * cfg.head_dim;
+        let bias = cfg.qkv_bias();
+        Ok(Self {
+            q_proj: Linear::load(vb, h, q_dim, "q_proj", bias)?,
+            k_proj: Linear::load(vb, h, kv_dim, "k_proj", bias)?,
+            v_proj: Linear::load(vb, h, kv_dim, "v_proj", bias)?,
+            o_proj: Linear::load(vb, q_dim, h, "o_proj", false)?,
+            num_heads: cfg.num_attention_heads,
+            num_kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+        })
+    }
+
+    /// x: (b, s, hidden); bias: (b, 1, s, kv_len) additive mask over cached + new keys.
+    fn forward(
+        &self,
+        x: &Tensor,
+        rope: &RopeSlice,
+        bias: &Tensor,
+        cache: Option<&mut Option<(Tensor, Tensor)>>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let (b, s, _) = x.dims3()?;
+        let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let heads = |t: Tensor, n: usize| -> Result<Tensor> {
+            Ok(t.reshape((b, s, n, hd))?.transpose(1, 2)?.contiguous()?)
+        };
+        let q = rope.apply(&heads(self.q_proj.forward(x)?, nh)?, mode)?;
+        let mut k = rope.apply(&heads(self.k_proj.forward(x)?, nkv)?, mode)?;
+        let mut v = heads(self.v_proj.forward(x)?, nkv)?;
+        if let Some(slot) = cache {
+            if let Some((ck, cv)) = slot.as_ref() {
+                k = Tensor::cat(&[ck, &k], 2)?;
+                v = Tensor::cat(&[cv, &v], 2)?;
+            }
+            *slot = Some((k.clone(), v.clone()));
+        }
+        let kv_len = k.dim(2)?;
+        // Grouped-query attention without copying k/v per query head: the n_rep query heads that
+        // share a kv head are stacked along the query axis, (b, nkv, n_rep * s, hd).
+        let n_rep = nh / nkv;
+        let q = q.reshape((b, nkv, n_rep * s, hd))?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let att = (q.matmul(&k.t()?)? * scale)?
+            .reshape((b, nkv, n_rep, s, kv_len))?
+            .broadcast_add(&bias.unsqueeze(1)?)?;
+        let att = match mode {
+            Mode::Infer => candle_nn::ops::softmax_last_dim(&att)?,
+            Mode::Train => candle_nn::ops::softmax(&att, D::Minus1)?,
+        };
+        let y = att.reshape((b, nkv, n_rep * s, kv_len))?.matmul(&v)?; // (b, nkv, n_rep*s, hd)
+        let y = y.reshape((b, nh, s, hd))?.transpose(1, 2)?.reshape((b, s, nh * hd))?;
+        self.o_proj.forward(&y)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    fn load(vb: &VarBuilder, cfg: &ModelConfig) -> Result<Self> {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        Ok(Self {
+            gate_proj: Linear::load(vb, h, i, "gate_proj", false)?,
+            up_proj: Linear::load(vb, h, i, "up_proj", false)?,
+            down_proj: Linear::load(vb, i, h, "down_proj", false)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let g = self.gate_proj.forward(x)?.silu()?;
+        self.down_proj.forward(&(g * self.up_proj.forward(x)?)?)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct DecoderLayer {
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+impl DecoderLayer {
+    fn load(vb: &VarBuilder, cfg: &ModelConfig) -> Result<Self> {
+        let eps = cfg.rms_norm_eps;
+        Ok(Self {
+            self_attn: Attention::load(&vb.pp("self_attn"), cfg)?,
+            mlp: Mlp::load(&vb.pp("mlp"), cfg)?,
+            input_layernorm: RmsNorm::load(vb, cfg.hidden_size, "input_layernorm", eps)?,
+            post_attention_layernorm: RmsNorm::load(vb, cfg.hidden_size, "post_attention_layernorm", eps)?,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Tensor,
+        rope: &RopeSlice,
+        bias: &Tensor,
+        cache: Option<&mut Option<(Tensor, Tensor)>>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let h = self.input_layernorm.forward(x, mode)?;
+        let x = (x + self.self_attn.forward(&h, rope, bias, cache, mode)?)?;
+        let h = self.post_attention_layernorm.forward(&x, mode)?;
+        Ok((&x + self.mlp.forward(&h)?)?)
+    }
+}
+
+/// The causal language model: embeddings, decoder layers, final norm, LM head.
+#[derive(Debug, Clone)]
+pub struct CausalLm {
+    pub config: ModelConfig,
+    embed_tokens: Tensor,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    rotary: RotaryEmbedding,
+}
+
+impl CausalLm {
+    /// Build from Hugging Face tensor names (`model.layers.N.self_attn.q_proj.weight`, ...).
+    pub fn load(vb: VarBuilder, cfg: &ModelConfig) -> Result<Self> {
+        let m = vb.pp("model");
+        let embed_tokens = required(&m.pp("embed_tokens"), (cfg.vocab_size, cfg.hidden_size), "weight")?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| DecoderLayer::load(&m.pp(format!("layers.{i}")), cfg))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RmsNorm::load(&m, cfg.hidden_size, "norm", cfg.rms_norm_eps)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            Linear::from_weight(embed_tokens.clone())
+        } else {
+            Linear::load(&vb, cfg.hidden_size, cfg.vocab_size, "lm_head", false)?
+        };
+        let rotary = RotaryEmbedding::new(cfg, vb.dtype(), vb.device())?;
+        Ok(Self { config: cfg.clone(), embed_tokens, layers, norm, lm_head, rotary })
+    }
+
+    pub fn device(&self) -> &Device {
+        self.embed_tokens.device()
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.embed_tokens.dtype()
+    }
+
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.layers.len())
+    }
+
+    /// ids, positions: (b, s) u32; bias: (b, 1, s, kv_len) additive mask (0 = attend).
+    /// Returns the final hidden states (b, s, hidden).
+    pub fn forward_hidden(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        bias: &Tensor,
+        mut cache: Option<&mut KvCache>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let (b, s) = ids.dims2()?;
+        let rope = self.rotary.slice(positions)?;
+        let bias = &bias.to_dtype(self.embed_tokens.dtype())?;
+        let mut x = self
+            .embed_tokens
+            .index_select(&ids.flatten_all()?, 0)?
+            .reshape((b, s, self.config.hidden_size))?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
+            x = layer.forward(&x, &rope, bias, slot, mode)?;
+        }
+        self.norm.forward(&x, mode)
+    }
+
+    /// LM head on hidden states of any leading shape.
+    pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.lm_head.forward(hidden)
+    }
+
+    /// All-position logits (b, s, vocab).
+    pub fn forward(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        bias: &Tensor,
+        cache: Option<&mut KvCache>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let h = self.forward_hidden(ids, positions, bias, cache, mode)?;
+        self.lm_head(&h)
+    }
+}

@@ -1,0 +1,2 @@
+//! One file per subcommand, each readable top to bottom: load → loop → save.
+pub mod eval;

@@ -1,0 +1,38 @@
+//! Shared test helpers.
+#![allow(dead_code)]
+use std::path::PathBuf;
+use std::sync::Once;
+
+use candle_core::Tensor;
+use rand::{Rng, SeedableRng};
+
+/// Pin candle and rayon to one thread: test binaries run tests in parallel, and
+/// oversubscribing the two cores collapses throughput.
+pub fn init() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        pbrl::device::init_threads(Some(1));
+    });
+}
+
+/// A seeded random tensor shaped like `t` (same dtype), entries in [-1, 1).
+pub fn random_like(t: &Tensor, seed: u64) -> Tensor {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let v: Vec<f64> = (0..t.elem_count()).map(|_| rng.random::<f64>() * 2.0 - 1.0).collect();
+    Tensor::from_vec(v, t.shape(), t.device()).unwrap().to_dtype(t.dtype()).unwrap()
+}
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The bundled SmolLM2 GGUF; tests that need it fail with a clear message when it is missing.
+pub fn smollm2() -> PathBuf {
+    let p = repo().join("models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.is_file(), "{} is missing: run scripts/fetch-model.sh first", p.display());
+    p
+}
+
+pub fn fixtures() -> PathBuf {
+    repo().join("tests/fixtures")
+}
