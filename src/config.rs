@@ -423,11 +423,14 @@ fn describe_de_error(
     let first = msg.lines().next().unwrap_or(&msg).trim();
     if let Some(rest) = first.strip_prefix("unknown field `") {
         let (key, expected) = rest.split_once('`').unwrap_or((rest, ""));
-        let parent = e.path().to_string();
-        let full = if parent == "." || parent.is_empty() { key.to_string() } else { format!("{parent}.{key}") };
+        // The error's path ends with the unknown key itself.
+        let path = e.path().to_string();
+        let parent = path.rsplit_once('.').map(|(p, _)| p.to_string()).unwrap_or_default();
+        let qualify = |k: &str| if parent.is_empty() { k.to_string() } else { format!("{parent}.{k}") };
+        let full = qualify(key);
         let known: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
         let hint = closest(key, known.iter().copied())
-            .map(|c| format!("; did you mean `{c}`?"))
+            .map(|c| format!("; did you mean `{}`?", qualify(c)))
             .unwrap_or_default();
         let from_override = overrides.iter().any(|o| o.key == full);
         let place = if from_override {
@@ -551,7 +554,8 @@ mod tests {
         assert_eq!(c.task.formatters, vec!["{prompt}!"]);
         assert_eq!(Override::parse("comparator_policy=model").unwrap().value, toml::Value::String("model".into()));
         assert!(Override::parse("novalue").is_err());
-        assert!(message("", &["seed.x=1"]).contains("`seed` is not a table"));
+        assert!(message("seed = 1", &["seed.x=1"]).contains("`seed` is not a table"));
+        assert!(message("", &["seed.x=1"]).contains("`seed`"));
     }
 
     #[test]

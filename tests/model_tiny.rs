@@ -123,7 +123,7 @@ fn gradients_match_finite_differences() {
         let loss = |m: &LoadedModel| -> Tensor {
             let lp = sequence_log_probs(&m.model, &score_rows, LastToken::Include, 0, Mode::Train).unwrap();
             // Not just a sum: weight rows differently, like a preference loss would.
-            (lp.i(0).unwrap() * 0.7 - lp.i(1).unwrap() * 1.3).unwrap()
+            ((lp.i(0).unwrap() * 0.7).unwrap() - (lp.i(1).unwrap() * 1.3).unwrap()).unwrap()
         };
         let grads = loss(&m).backward().unwrap();
         let mut names = vec![
