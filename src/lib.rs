@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod device;
 pub mod model;
+pub mod optim;
 pub mod progress;
 pub mod rng;
 pub mod run_dir;

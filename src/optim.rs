@@ -1,0 +1,207 @@
+//! AdamW with PyTorch's semantics and defaults (betas 0.9/0.999, eps 1e-8, weight decay 0.01),
+//! as the reference uses for every agent.
+//!
+//! On the CPU the update is one fused in-place pass per parameter (read p, g, m, v; write p, m,
+//! v), which is pure memory traffic; candle's op-by-op AdamW allocates a dozen temporaries per
+//! parameter and took ~1.4 s per step on SmolLM2-135M. On other devices it falls back to
+//! the same update written with tensor ops.
+use std::sync::Mutex;
+
+use anyhow::{Context, Result};
+use candle_core::backprop::GradStore;
+use candle_core::{CpuStorage, Layout, Tensor, Var};
+use rayon::prelude::*;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWConfig {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl AdamWConfig {
+    /// torch.optim.AdamW's defaults with the given learning rate.
+    pub fn torch_defaults(lr: f64) -> Self {
+        Self { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }
+    }
+}
+
+/// First and second moments of one parameter.
+enum Moments {
+    /// Host vectors updated by the fused CPU kernel.
+    Host(Mutex<(Vec<f32>, Vec<f32>)>),
+    /// Device tensors for the op-based fallback, replaced each step.
+    Device(Mutex<(Tensor, Tensor)>),
+}
+
+struct Slot {
+    name: String,
+    var: Var,
+    moments: Moments,
+}
+
+pub struct AdamW {
+    pub config: AdamWConfig,
+    slots: Vec<Slot>,
+    /// Number of steps taken (the bias-correction exponent).
+    pub step: u64,
+}
+
+impl AdamW {
+    /// Named parameters, in a fixed order (sorted by name) so saved state lines up on resume.
+    pub fn new(mut params: Vec<(String, Var)>, config: AdamWConfig) -> Result<Self> {
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        let slots = params
+            .into_iter()
+            .map(|(name, var)| {
+                let host = var.device().is_cpu() && var.dtype() == candle_core::DType::F32;
+                let moments = if host {
+                    let n = var.elem_count();
+                    Moments::Host(Mutex::new((vec![0.0; n], vec![0.0; n])))
+                } else {
+                    let z = var.as_tensor().zeros_like()?;
+                    Moments::Device(Mutex::new((z.clone(), z)))
+                };
+                Ok(Slot { name, var, moments })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { config, slots, step: 0 })
+    }
+
+    /// One update of every parameter that has a gradient in `grads`.
+    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        self.step += 1;
+        let c = self.config;
+        let bc1 = 1.0 - c.beta1.powi(self.step as i32);
+        let bc2 = 1.0 - c.beta2.powi(self.step as i32);
+        for slot in &self.slots {
+            let Some(g) = grads.get(slot.var.as_tensor()) else { continue };
+            match &slot.moments {
+                Moments::Host(mv) => {
+                    let op = FusedAdamW { c, bc1, bc2, moments: mv };
+                    slot.var.as_tensor().inplace_op2(&g.contiguous()?, &op).with_context(|| format!("AdamW on {}", slot.name))?;
+                }
+                Moments::Device(mv) => {
+                    let mut mv = mv.lock().expect("moments lock");
+                    let p = slot.var.as_tensor();
+                    let m = ((&mv.0 * c.beta1)? + (g * (1.0 - c.beta1))?)?;
+                    let v = ((&mv.1 * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
+                    let update = ((&m / bc1)? / ((&v / bc2)?.sqrt()? + c.eps)?)?;
+                    let decayed = (p * (1.0 - c.lr * c.weight_decay))?;
+                    slot.var.set(&(decayed - (update * c.lr)?)?)?;
+                    *mv = (m, v);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// (name, first moment, second moment) of every parameter, for checkpoints.
+    pub fn moments(&self) -> Result<Vec<(String, Tensor, Tensor)>> {
+        self.slots
+            .iter()
+            .map(|s| {
+                let shape = s.var.shape().clone();
+                Ok(match &s.moments {
+                    Moments::Host(mv) => {
+                        let g = mv.lock().expect("moments lock");
+                        let dev = candle_core::Device::Cpu;
+                        (s.name.clone(), Tensor::from_slice(&g.0, &shape, &dev)?, Tensor::from_slice(&g.1, &shape, &dev)?)
+                    }
+                    Moments::Device(mv) => {
+                        let g = mv.lock().expect("moments lock");
+                        (s.name.clone(), g.0.copy()?, g.1.copy()?)
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
+/// p ← p·(1 − lr·wd) − lr·m̂/(√v̂ + eps), with m, v updated in the same pass.
+struct FusedAdamW<'a> {
+    c: AdamWConfig,
+    bc1: f64,
+    bc2: f64,
+    moments: &'a Mutex<(Vec<f32>, Vec<f32>)>,
+}
+
+impl candle_core::InplaceOp2 for FusedAdamW<'_> {
+    fn name(&self) -> &'static str {
+        "fused-adamw"
+    }
+
+    fn cpu_fwd(&self, s1: &mut CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<()> {
+        let (CpuStorage::F32(p), CpuStorage::F32(g)) = (s1, s2) else {
+            candle_core::bail!("fused-adamw expects f32 parameters and gradients")
+        };
+        let (Some((p0, p1)), Some((g0, g1))) = (l1.contiguous_offsets(), l2.contiguous_offsets()) else {
+            candle_core::bail!("fused-adamw expects contiguous tensors")
+        };
+        let p = &mut p[p0..p1];
+        let g = &g[g0..g1];
+        let mut mv = self.moments.lock().expect("moments lock");
+        let (m, v) = &mut *mv;
+        let c = self.c;
+        let (b1, b2) = (c.beta1 as f32, c.beta2 as f32);
+        let decay = (1.0 - c.lr * c.weight_decay) as f32;
+        let step = (c.lr / self.bc1) as f32; // lr · m̂ = step · m
+        let inv_bc2_sqrt = (1.0 / self.bc2.sqrt()) as f32; // √v̂ = √v / √bc2
+        let eps = c.eps as f32;
+        const CHUNK: usize = 1 << 14;
+        p.par_chunks_mut(CHUNK)
+            .zip(g.par_chunks(CHUNK))
+            .zip(m.par_chunks_mut(CHUNK))
+            .zip(v.par_chunks_mut(CHUNK))
+            .for_each(|(((p, g), m), v)| {
+                for i in 0..p.len() {
+                    let gi = g[i];
+                    let mi = b1 * m[i] + (1.0 - b1) * gi;
+                    let vi = b2 * v[i] + (1.0 - b2) * gi * gi;
+                    m[i] = mi;
+                    v[i] = vi;
+                    p[i] = p[i] * decay - step * mi / (vi.sqrt() * inv_bc2_sqrt + eps);
+                }
+            });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Tensor};
+
+    /// The fused CPU kernel equals the tensor-op formula of torch.optim.AdamW, step after step.
+    #[test]
+    fn fused_update_matches_reference_formula() {
+        let dev = Device::Cpu;
+        let p0: Vec<f32> = (0..1000).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+        let var = Var::from_tensor(&Tensor::from_vec(p0.clone(), 1000, &dev).unwrap()).unwrap();
+        let cfg = AdamWConfig::torch_defaults(1e-2);
+        let mut opt = AdamW::new(vec![("w".into(), var.clone())], cfg).unwrap();
+        let (mut p, mut m, mut v) = (p0.iter().map(|&x| x as f64).collect::<Vec<_>>(), vec![0f64; 1000], vec![0f64; 1000]);
+        for t in 1..=5 {
+            let loss = (var.as_tensor().sqr().unwrap() * (t as f64)).unwrap().sum_all().unwrap();
+            let grads = loss.backward().unwrap();
+            let g: Vec<f32> = grads.get(var.as_tensor()).unwrap().to_vec1().unwrap();
+            opt.step(&grads).unwrap();
+            for i in 0..1000 {
+                let gi = g[i] as f64;
+                p[i] *= 1.0 - 1e-2 * 0.01;
+                m[i] = 0.9 * m[i] + 0.1 * gi;
+                v[i] = 0.999 * v[i] + 0.001 * gi * gi;
+                let mh = m[i] / (1.0 - 0.9f64.powi(t));
+                let vh = v[i] / (1.0 - 0.999f64.powi(t));
+                p[i] -= 1e-2 * mh / (vh.sqrt() + 1e-8);
+            }
+            let got: Vec<f32> = var.as_tensor().to_vec1().unwrap();
+            for i in 0..1000 {
+                assert!((got[i] as f64 - p[i]).abs() < 1e-5, "step {t} elem {i}: {} vs {}", got[i], p[i]);
+            }
+        }
+        assert_eq!(opt.step, 5);
+    }
+}
