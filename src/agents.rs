@@ -20,8 +20,11 @@ pub struct Agent {
 impl Agent {
     /// The exact text this agent is given for an item: its template, then the chat template.
     pub fn prompt_for(&self, item: &TaskItem) -> Result<String> {
-        let user = render_template(&self.template, item).with_context(|| format!("agent {} prompt", self.index))?;
-        self.model.tokenizer.format_prompt(self.chat_template, self.system_prompt.as_deref(), &user)
+        let user = render_template(&self.template, item)
+            .with_context(|| format!("agent {} prompt", self.index))?;
+        self.model
+            .tokenizer
+            .format_prompt(self.chat_template, self.system_prompt.as_deref(), &user)
     }
 }
 
@@ -31,7 +34,13 @@ pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
     let n = cfg.num_agents as usize;
     let sources = cfg.agent_sources()?;
     let devices = DeviceSpec::resolve(cfg.agent_devices.as_ref(), n, "agent_devices")?;
-    let pick = |v: &[String], i: usize| if v.len() == 1 { v[0].clone() } else { v[i].clone() };
+    let pick = |v: &[String], i: usize| {
+        if v.len() == 1 {
+            v[0].clone()
+        } else {
+            v[i].clone()
+        }
+    };
     (0..n)
         .map(|i| {
             let device = parse_device(&devices[i], &format!("agent_devices[{i}]"))?;
@@ -42,7 +51,8 @@ pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
                 sources[i].clone()
             };
             tracing::info!(agent = i, %source, "loading agent");
-            let model = LoadedModel::load(&source, &device).with_context(|| format!("loading agent {i} from `{source}`"))?;
+            let model = LoadedModel::load(&source, &device)
+                .with_context(|| format!("loading agent {i} from `{source}`"))?;
             Ok(Agent {
                 index: i,
                 model,

@@ -4,7 +4,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "pbrl", version, about = "Train a team of LLM agents from preferences between their joint responses")]
+#[command(
+    name = "pbrl",
+    version,
+    about = "Train a team of LLM agents from preferences between their joint responses"
+)]
 pub struct Cli {
     /// Threads for candle and rayon (default: PBRL_THREADS, else the physical cores).
     #[arg(long, global = true)]

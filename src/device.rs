@@ -10,7 +10,9 @@ pub fn parse_device(spec: &str, role: &str) -> Result<Device> {
     }
     let ordinal = match s.as_str() {
         "cuda" => Some(0),
-        _ => s.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse::<usize>().ok()),
     };
     let Some(ordinal) = ordinal else {
         bail!("{role}: unknown device `{spec}` (use `cpu` or `cuda:N`)");
@@ -20,7 +22,8 @@ pub fn parse_device(spec: &str, role: &str) -> Result<Device> {
 
 #[cfg(feature = "cuda")]
 fn cuda_device(ordinal: usize, role: &str) -> Result<Device> {
-    Device::new_cuda(ordinal).map_err(|e| anyhow::anyhow!("{role}: cannot open cuda:{ordinal}: {e}"))
+    Device::new_cuda(ordinal)
+        .map_err(|e| anyhow::anyhow!("{role}: cannot open cuda:{ordinal}: {e}"))
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -32,12 +35,35 @@ fn cuda_device(ordinal: usize, role: &str) -> Result<Device> {
 /// physical cores. Set before any kernel runs, since oversubscription collapses throughput.
 pub fn init_threads(requested: Option<usize>) -> usize {
     let n = requested
-        .or_else(|| std::env::var("PBRL_THREADS").ok().and_then(|v| v.parse().ok()))
+        .or_else(|| {
+            std::env::var("PBRL_THREADS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+        })
         .filter(|&n| n > 0)
         .unwrap_or_else(num_cpus::get_physical);
     // candle reads RAYON_NUM_THREADS (gemm, rayon) and CANDLE_NUM_THREADS (its barrier pool).
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     std::env::set_var("CANDLE_NUM_THREADS", n.to_string());
-    let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global();
+    keep_freed_memory();
     n
+}
+
+/// Make glibc's malloc reuse freed tensor buffers instead of returning them to the kernel.
+///
+/// By default every buffer above a (dynamic) threshold is a fresh mmap, and the kernel zeroes
+/// each of its pages on first touch: a training step allocates gigabytes of activations and
+/// gradients, and that zeroing was a fifth of its time. Serving buffers up to the largest
+/// allowed threshold (32 MiB) from the heap and never trimming it lets them be reused.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator tuning parameters; it is called before the
+    // threads that allocate tensors start working.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
 }

@@ -30,7 +30,11 @@ fn init_logging(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("pbrl={default},warn")));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
 }
 
 /// Load the config with its overrides; `None` when only --print-config was asked.
@@ -57,7 +61,9 @@ fn load_config(args: &CommonArgs) -> Result<Option<(Config, RunDir)>> {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Eval(args) => {
-            let Some((cfg, run_dir)) = load_config(&args)? else { return Ok(()) };
+            let Some((cfg, run_dir)) = load_config(&args)? else {
+                return Ok(());
+            };
             pbrl::stages::eval::run(&cfg, &run_dir)?;
         }
     }

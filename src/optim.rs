@@ -24,7 +24,13 @@ pub struct AdamWConfig {
 impl AdamWConfig {
     /// torch.optim.AdamW's defaults with the given learning rate.
     pub fn torch_defaults(lr: f64) -> Self {
-        Self { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }
+        Self {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
     }
 }
 
@@ -67,7 +73,11 @@ impl AdamW {
                 Ok(Slot { name, var, moments })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { config, slots, step: 0 })
+        Ok(Self {
+            config,
+            slots,
+            step: 0,
+        })
     }
 
     /// One update of every parameter that has a gradient in `grads`.
@@ -77,11 +87,21 @@ impl AdamW {
         let bc1 = 1.0 - c.beta1.powi(self.step as i32);
         let bc2 = 1.0 - c.beta2.powi(self.step as i32);
         for slot in &self.slots {
-            let Some(g) = grads.get(slot.var.as_tensor()) else { continue };
+            let Some(g) = grads.get(slot.var.as_tensor()) else {
+                continue;
+            };
             match &slot.moments {
                 Moments::Host(mv) => {
-                    let op = FusedAdamW { c, bc1, bc2, moments: mv };
-                    slot.var.as_tensor().inplace_op2(&g.contiguous()?, &op).with_context(|| format!("AdamW on {}", slot.name))?;
+                    let op = FusedAdamW {
+                        c,
+                        bc1,
+                        bc2,
+                        moments: mv,
+                    };
+                    slot.var
+                        .as_tensor()
+                        .inplace_op2(&g.contiguous()?, &op)
+                        .with_context(|| format!("AdamW on {}", slot.name))?;
                 }
                 Moments::Device(mv) => {
                     let mut mv = mv.lock().expect("moments lock");
@@ -108,7 +128,11 @@ impl AdamW {
                     Moments::Host(mv) => {
                         let g = mv.lock().expect("moments lock");
                         let dev = candle_core::Device::Cpu;
-                        (s.name.clone(), Tensor::from_slice(&g.0, &shape, &dev)?, Tensor::from_slice(&g.1, &shape, &dev)?)
+                        (
+                            s.name.clone(),
+                            Tensor::from_slice(&g.0, &shape, &dev)?,
+                            Tensor::from_slice(&g.1, &shape, &dev)?,
+                        )
                     }
                     Moments::Device(mv) => {
                         let g = mv.lock().expect("moments lock");
@@ -133,11 +157,18 @@ impl candle_core::InplaceOp2 for FusedAdamW<'_> {
         "fused-adamw"
     }
 
-    fn cpu_fwd(&self, s1: &mut CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<()> {
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<()> {
         let (CpuStorage::F32(p), CpuStorage::F32(g)) = (s1, s2) else {
             candle_core::bail!("fused-adamw expects f32 parameters and gradients")
         };
-        let (Some((p0, p1)), Some((g0, g1))) = (l1.contiguous_offsets(), l2.contiguous_offsets()) else {
+        let (Some((p0, p1)), Some((g0, g1))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
+        else {
             candle_core::bail!("fused-adamw expects contiguous tensors")
         };
         let p = &mut p[p0..p1];
@@ -178,13 +209,22 @@ mod tests {
     #[test]
     fn fused_update_matches_reference_formula() {
         let dev = Device::Cpu;
-        let p0: Vec<f32> = (0..1000).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+        let p0: Vec<f32> = (0..1000)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
         let var = Var::from_tensor(&Tensor::from_vec(p0.clone(), 1000, &dev).unwrap()).unwrap();
         let cfg = AdamWConfig::torch_defaults(1e-2);
         let mut opt = AdamW::new(vec![("w".into(), var.clone())], cfg).unwrap();
-        let (mut p, mut m, mut v) = (p0.iter().map(|&x| x as f64).collect::<Vec<_>>(), vec![0f64; 1000], vec![0f64; 1000]);
+        let (mut p, mut m, mut v) = (
+            p0.iter().map(|&x| x as f64).collect::<Vec<_>>(),
+            vec![0f64; 1000],
+            vec![0f64; 1000],
+        );
         for t in 1..=5 {
-            let loss = (var.as_tensor().sqr().unwrap() * (t as f64)).unwrap().sum_all().unwrap();
+            let loss = (var.as_tensor().sqr().unwrap() * (t as f64))
+                .unwrap()
+                .sum_all()
+                .unwrap();
             let grads = loss.backward().unwrap();
             let g: Vec<f32> = grads.get(var.as_tensor()).unwrap().to_vec1().unwrap();
             opt.step(&grads).unwrap();
@@ -199,7 +239,12 @@ mod tests {
             }
             let got: Vec<f32> = var.as_tensor().to_vec1().unwrap();
             for i in 0..1000 {
-                assert!((got[i] as f64 - p[i]).abs() < 1e-5, "step {t} elem {i}: {} vs {}", got[i], p[i]);
+                assert!(
+                    (got[i] as f64 - p[i]).abs() < 1e-5,
+                    "step {t} elem {i}: {} vs {}",
+                    got[i],
+                    p[i]
+                );
             }
         }
         assert_eq!(opt.step, 5);

@@ -73,13 +73,19 @@ impl ModelConfig {
         let architecture = Architecture::from_model_type(&arch)?;
         let key = |k: &str| format!("{arch}.{k}");
         let get_u = |k: &str| -> Result<usize> {
-            let v = ct.metadata.get(&key(k)).with_context(|| format!("GGUF has no {}", key(k)))?;
+            let v = ct
+                .metadata
+                .get(&key(k))
+                .with_context(|| format!("GGUF has no {}", key(k)))?;
             Ok(v.to_u32().or_else(|_| v.to_u64().map(|x| x as u32))? as usize)
         };
         let hidden_size = get_u("embedding_length")?;
         let num_attention_heads = get_u("attention.head_count")?;
         let num_key_value_heads = get_u("attention.head_count_kv").unwrap_or(num_attention_heads);
-        let embd = ct.tensor_infos.get("token_embd.weight").context("GGUF has no token_embd.weight")?;
+        let embd = ct
+            .tensor_infos
+            .get("token_embd.weight")
+            .context("GGUF has no token_embd.weight")?;
         let vocab_size = embd.shape.dims()[0];
         let eps = ct
             .metadata
@@ -130,7 +136,11 @@ impl ModelConfig {
             Value::Array(a) => a.first().and_then(|n| n.as_u64()).map(|n| n as u32),
             _ => None,
         };
-        let default_eps = if architecture == Architecture::Qwen2 { 1e-6 } else { 1e-5 };
+        let default_eps = if architecture == Architecture::Qwen2 {
+            1e-6
+        } else {
+            1e-5
+        };
         Ok(Self {
             architecture,
             hidden_size,

@@ -52,10 +52,20 @@ pub struct Linear {
 }
 
 impl Linear {
-    fn load(vb: &VarBuilder, in_dim: usize, out_dim: usize, name: &str, bias: bool) -> Result<Self> {
+    fn load(
+        vb: &VarBuilder,
+        in_dim: usize,
+        out_dim: usize,
+        name: &str,
+        bias: bool,
+    ) -> Result<Self> {
         let vb = vb.pp(name);
         let weight = required(&vb, (out_dim, in_dim), "weight")?;
-        let bias = if bias { Some(required(&vb, out_dim, "bias")?) } else { None };
+        let bias = if bias {
+            Some(required(&vb, out_dim, "bias")?)
+        } else {
+            None
+        };
         Ok(Self { weight, bias })
     }
 
@@ -85,15 +95,21 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     fn load(vb: &VarBuilder, dim: usize, name: &str, eps: f64) -> Result<Self> {
-        Ok(Self { weight: required(&vb.pp(name), dim, "weight")?, eps })
+        Ok(Self {
+            weight: required(&vb.pp(name), dim, "weight")?,
+            eps,
+        })
     }
 
     pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         Ok(match mode {
-            Mode::Infer => candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32)?,
+            Mode::Infer => {
+                candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32)?
+            }
             Mode::Train => {
                 let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-                x.broadcast_div(&(ms + self.eps)?.sqrt()?)?.broadcast_mul(&self.weight)?
+                x.broadcast_div(&(ms + self.eps)?.sqrt()?)?
+                    .broadcast_mul(&self.weight)?
             }
         })
     }
@@ -125,7 +141,10 @@ impl RotaryEmbedding {
             .to_dtype(DType::F32)?
             .reshape(((), 1))?;
         let freqs = t.broadcast_mul(&inv)?;
-        Ok(Self { cos: freqs.cos()?.to_dtype(dtype)?, sin: freqs.sin()?.to_dtype(dtype)? })
+        Ok(Self {
+            cos: freqs.cos()?.to_dtype(dtype)?,
+            sin: freqs.sin()?.to_dtype(dtype)?,
+        })
     }
 
     fn slice(&self, positions: &Tensor) -> Result<RopeSlice> {
@@ -164,7 +183,9 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(num_layers: usize) -> Self {
-        Self { layers: vec![None; num_layers] }
+        Self {
+            layers: vec![None; num_layers],
+        }
     }
 
     /// Number of cached positions.
@@ -256,7 +277,10 @@ impl Attention {
             Mode::Train => candle_nn::ops::softmax(&att, D::Minus1)?,
         };
         let y = att.reshape((b, nkv, n_rep * s, kv_len))?.matmul(&v)?; // (b, nkv, n_rep*s, hd)
-        let y = y.reshape((b, nh, s, hd))?.transpose(1, 2)?.reshape((b, s, nh * hd))?;
+        let y = y
+            .reshape((b, nh, s, hd))?
+            .transpose(1, 2)?
+            .reshape((b, s, nh * hd))?;
         self.o_proj.forward(&y)
     }
 }
@@ -299,7 +323,12 @@ impl DecoderLayer {
             self_attn: Attention::load(&vb.pp("self_attn"), cfg)?,
             mlp: Mlp::load(&vb.pp("mlp"), cfg)?,
             input_layernorm: RmsNorm::load(vb, cfg.hidden_size, "input_layernorm", eps)?,
-            post_attention_layernorm: RmsNorm::load(vb, cfg.hidden_size, "post_attention_layernorm", eps)?,
+            post_attention_layernorm: RmsNorm::load(
+                vb,
+                cfg.hidden_size,
+                "post_attention_layernorm",
+                eps,
+            )?,
         })
     }
 
@@ -333,7 +362,11 @@ impl CausalLm {
     /// Build from Hugging Face tensor names (`model.layers.N.self_attn.q_proj.weight`, ...).
     pub fn load(vb: VarBuilder, cfg: &ModelConfig) -> Result<Self> {
         let m = vb.pp("model");
-        let embed_tokens = required(&m.pp("embed_tokens"), (cfg.vocab_size, cfg.hidden_size), "weight")?;
+        let embed_tokens = required(
+            &m.pp("embed_tokens"),
+            (cfg.vocab_size, cfg.hidden_size),
+            "weight",
+        )?;
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| DecoderLayer::load(&m.pp(format!("layers.{i}")), cfg))
             .collect::<Result<Vec<_>>>()?;
@@ -344,7 +377,14 @@ impl CausalLm {
             Linear::load(&vb, cfg.hidden_size, cfg.vocab_size, "lm_head", false)?
         };
         let rotary = RotaryEmbedding::new(cfg, vb.dtype(), vb.device())?;
-        Ok(Self { config: cfg.clone(), embed_tokens, layers, norm, lm_head, rotary })
+        Ok(Self {
+            config: cfg.clone(),
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rotary,
+        })
     }
 
     pub fn device(&self) -> &Device {

@@ -7,7 +7,8 @@ use crate::config::RewardConfig;
 
 /// A task reward. `completions[a]` is agent a's completion of the joint response.
 pub trait TaskReward: Send {
-    fn score(&mut self, item: &TaskItem, prompts: &[String], completions: &[String]) -> Result<f64>;
+    fn score(&mut self, item: &TaskItem, prompts: &[String], completions: &[String])
+        -> Result<f64>;
 }
 
 /// The reference's quick-start length-ratio reward: agent 1's answer should be between
@@ -46,9 +47,17 @@ impl LengthRatio {
 }
 
 impl TaskReward for LengthRatio {
-    fn score(&mut self, _item: &TaskItem, _prompts: &[String], completions: &[String]) -> Result<f64> {
+    fn score(
+        &mut self,
+        _item: &TaskItem,
+        _prompts: &[String],
+        completions: &[String],
+    ) -> Result<f64> {
         if completions.len() != 2 {
-            bail!("the length_ratio reward compares exactly 2 agents, got {}", completions.len());
+            bail!(
+                "the length_ratio reward compares exactly 2 agents, got {}",
+                completions.len()
+            );
         }
         Ok(self.value(&completions[0], &completions[1]))
     }
@@ -83,7 +92,13 @@ pub fn build_reward(cfg: &RewardConfig) -> Result<(Box<dyn TaskReward>, RewardPr
         }
         other => bail!("unknown reward kind `{other}` (known: length_ratio)"),
     };
-    Ok((reward, RewardProcessor { scale: cfg.scale, shift: cfg.shift }))
+    Ok((
+        reward,
+        RewardProcessor {
+            scale: cfg.scale,
+            shift: cfg.shift,
+        },
+    ))
 }
 
 #[cfg(test)]
@@ -92,7 +107,10 @@ mod tests {
 
     #[test]
     fn length_ratio_formula() {
-        let r = LengthRatio { target_min: 2.0, target_max: 3.0 };
+        let r = LengthRatio {
+            target_min: 2.0,
+            target_max: 3.0,
+        };
         assert_eq!(r.value("", "abc"), 0.0);
         assert_eq!(r.value("ab", "abcde"), 1.0); // 2.5
         assert_eq!(r.value("ab", "abcd"), 1.0); // exactly 2
@@ -104,10 +122,18 @@ mod tests {
 
     #[test]
     fn unknown_kind_and_param_are_errors() {
-        let mut cfg = RewardConfig { kind: "nope".into(), ..Default::default() };
-        assert!(build_reward(&cfg).err().unwrap().to_string().contains("unknown reward kind `nope`"));
+        let mut cfg = RewardConfig {
+            kind: "nope".into(),
+            ..Default::default()
+        };
+        assert!(build_reward(&cfg)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("unknown reward kind `nope`"));
         cfg.kind = "length_ratio".into();
-        cfg.params.insert("target_mn".into(), toml::Value::Float(1.0));
+        cfg.params
+            .insert("target_mn".into(), toml::Value::Float(1.0));
         let e = format!("{:#}", build_reward(&cfg).err().unwrap());
         assert!(e.contains("target_mn"), "{e}");
     }
