@@ -3,6 +3,7 @@
 pub mod batch;
 pub mod config;
 pub mod load;
+pub mod ops;
 pub mod sampling;
 pub mod scoring;
 pub mod tiny;

@@ -5,7 +5,7 @@
 //! a token is `logit[target] - logsumexp(logits)`: no full log_softmax copy of the vocabulary is
 //! materialised for the prompt positions.
 use anyhow::Result;
-use candle_core::{Tensor, D};
+use candle_core::Tensor;
 
 use super::batch::{PaddedBatch, Padding};
 use super::transformer::{CausalLm, Mode};
@@ -69,15 +69,13 @@ pub fn sequence_log_probs(
     }
     let token_rows: Vec<Vec<u32>> = inputs.into_iter().map(|(x, _)| x).collect();
     let batch = PaddedBatch::new(&token_rows, pad_id, Padding::Right, &dev)?;
-    let hidden = model.forward_hidden(&batch.ids, &batch.positions, &batch.bias, None, mode)?;
-    let h = hidden.dim(D::Minus1)?;
+    let hidden = model.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, mode)?; // (b·len, h)
     let n = positions.len();
-    let picked = hidden
-        .reshape((b * len, h))?
-        .index_select(&Tensor::new(positions.as_slice(), &dev)?, 0)?;
+    let picked = hidden.index_select(&Tensor::new(positions.as_slice(), &dev)?, 0)?;
     let logits = model.lm_head(&picked)?; // (n, vocab)
     let token_lp = token_log_probs(&logits, &Tensor::new(targets.as_slice(), &dev)?)?; // (n,)
-                                                                                       // Sum per row with a 0/1 ownership matrix (b, n): differentiable and one small GEMM.
+
+    // Sum per row with a 0/1 ownership matrix (b, n): differentiable and one small GEMM.
     let mut own = vec![0f32; b * n];
     for (j, &r) in owner.iter().enumerate() {
         own[r * n + j] = 1.0;
@@ -88,13 +86,5 @@ pub fn sequence_log_probs(
 
 /// log softmax(logits)[target] per row: logits (n, vocab), targets (n,) u32 → (n,).
 pub fn token_log_probs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-    let max = logits.max_keepdim(D::Minus1)?.detach();
-    let lse = (logits
-        .broadcast_sub(&max)?
-        .exp()?
-        .sum_keepdim(D::Minus1)?
-        .log()?
-        + &max)?;
-    let picked = logits.gather(&targets.unsqueeze(1)?, D::Minus1)?;
-    Ok((picked - lse)?.squeeze(1)?)
+    Ok(super::ops::token_log_probs(logits, targets)?)
 }

@@ -11,6 +11,7 @@ use candle_core::{DType, Device, Tensor, D};
 use candle_nn::VarBuilder;
 
 use super::config::ModelConfig;
+use super::ops;
 
 /// Which kernels a forward pass may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,10 +75,17 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.rank() == 2 {
+            let y = ops::linear(x, &self.weight)?;
+            return Ok(match &self.bias {
+                Some(b) => y.broadcast_add(b)?,
+                None => y,
+            });
+        }
         let dims = x.dims();
         let in_dim = *dims.last().expect("linear input has at least one dim");
         let x2 = x.reshape(((), in_dim))?;
-        let mut y = x2.matmul(&self.weight.t()?)?;
+        let mut y = ops::linear(&x2, &self.weight)?;
         if let Some(b) = &self.bias {
             y = y.broadcast_add(b)?;
         }
@@ -158,18 +166,28 @@ impl RotaryEmbedding {
 }
 
 impl RopeSlice {
-    /// Rotate-half rope (Hugging Face layout) on x: (b, heads, s, head_dim).
-    fn apply(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+    /// (b·s, n·d) rows → (b, n, s, d) heads, rotated when `rotate`.
+    fn heads(
+        &self,
+        x: &Tensor,
+        b: usize,
+        s: usize,
+        n: usize,
+        d: usize,
+        rotate: bool,
+        mode: Mode,
+    ) -> Result<Tensor> {
         Ok(match mode {
-            Mode::Infer => candle_nn::rotary_emb::rope(&x.contiguous()?, &self.cos, &self.sin)?,
             Mode::Train => {
-                let cos = Tensor::cat(&[&self.cos, &self.cos], D::Minus1)?.unsqueeze(1)?;
-                let sin = Tensor::cat(&[&self.sin, &self.sin], D::Minus1)?.unsqueeze(1)?;
-                let d = x.dim(D::Minus1)?;
-                let x1 = x.narrow(D::Minus1, 0, d / 2)?;
-                let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
-                let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-                (x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?)?
+                ops::split_heads(x, b, s, n, d, rotate.then_some((&self.cos, &self.sin)))?
+            }
+            Mode::Infer => {
+                let h = x.reshape((b, s, n, d))?.transpose(1, 2)?.contiguous()?;
+                if rotate {
+                    candle_nn::rotary_emb::rope(&h, &self.cos, &self.sin)?
+                } else {
+                    h
+                }
             }
         })
     }
@@ -239,23 +257,21 @@ impl Attention {
         })
     }
 
-    /// x: (b, s, hidden); bias: (b, 1, s, kv_len) additive mask over cached + new keys.
+    /// x: (b·s, hidden) rows; bias: (b, 1, s, kv_len) additive mask over cached + new keys.
+    #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
         x: &Tensor,
+        (b, s): (usize, usize),
         rope: &RopeSlice,
         bias: &Tensor,
         cache: Option<&mut Option<(Tensor, Tensor)>>,
         mode: Mode,
     ) -> Result<Tensor> {
-        let (b, s, _) = x.dims3()?;
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let heads = |t: Tensor, n: usize| -> Result<Tensor> {
-            Ok(t.reshape((b, s, n, hd))?.transpose(1, 2)?.contiguous()?)
-        };
-        let q = rope.apply(&heads(self.q_proj.forward(x)?, nh)?, mode)?;
-        let mut k = rope.apply(&heads(self.k_proj.forward(x)?, nkv)?, mode)?;
-        let mut v = heads(self.v_proj.forward(x)?, nkv)?;
+        let q = rope.heads(&self.q_proj.forward(x)?, b, s, nh, hd, true, mode)?;
+        let mut k = rope.heads(&self.k_proj.forward(x)?, b, s, nkv, hd, true, mode)?;
+        let mut v = rope.heads(&self.v_proj.forward(x)?, b, s, nkv, hd, false, mode)?;
         if let Some(slot) = cache {
             if let Some((ck, cv)) = slot.as_ref() {
                 k = Tensor::cat(&[ck, &k], 2)?;
@@ -274,13 +290,16 @@ impl Attention {
             .broadcast_add(&bias.unsqueeze(1)?)?;
         let att = match mode {
             Mode::Infer => candle_nn::ops::softmax_last_dim(&att)?,
-            Mode::Train => candle_nn::ops::softmax(&att, D::Minus1)?,
+            Mode::Train => ops::softmax_last_dim(&att)?,
         };
         let y = att.reshape((b, nkv, n_rep * s, kv_len))?.matmul(&v)?; // (b, nkv, n_rep*s, hd)
-        let y = y
-            .reshape((b, nh, s, hd))?
-            .transpose(1, 2)?
-            .reshape((b, s, nh * hd))?;
+        let y = match mode {
+            Mode::Train => ops::merge_heads(&y.reshape((b, nh, s, hd))?)?,
+            Mode::Infer => y
+                .reshape((b, nh, s, hd))?
+                .transpose(1, 2)?
+                .reshape((b * s, nh * hd))?,
+        };
         self.o_proj.forward(&y)
     }
 }
@@ -335,13 +354,14 @@ impl DecoderLayer {
     fn forward(
         &self,
         x: &Tensor,
+        shape: (usize, usize),
         rope: &RopeSlice,
         bias: &Tensor,
         cache: Option<&mut Option<(Tensor, Tensor)>>,
         mode: Mode,
     ) -> Result<Tensor> {
         let h = self.input_layernorm.forward(x, mode)?;
-        let x = (x + self.self_attn.forward(&h, rope, bias, cache, mode)?)?;
+        let x = (x + self.self_attn.forward(&h, shape, rope, bias, cache, mode)?)?;
         let h = self.post_attention_layernorm.forward(&x, mode)?;
         Ok((&x + self.mlp.forward(&h)?)?)
     }
@@ -406,19 +426,32 @@ impl CausalLm {
         ids: &Tensor,
         positions: &Tensor,
         bias: &Tensor,
+        cache: Option<&mut KvCache>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let (b, s) = ids.dims2()?;
+        Ok(self
+            .forward_rows(ids, positions, bias, cache, mode)?
+            .reshape((b, s, self.config.hidden_size))?)
+    }
+
+    /// The final hidden states as (b·s, hidden) rows. Activations stay 2-D through every layer,
+    /// so no reshape nodes enter the autograd graph.
+    pub fn forward_rows(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        bias: &Tensor,
         mut cache: Option<&mut KvCache>,
         mode: Mode,
     ) -> Result<Tensor> {
         let (b, s) = ids.dims2()?;
         let rope = self.rotary.slice(positions)?;
         let bias = &bias.to_dtype(self.embed_tokens.dtype())?;
-        let mut x = self
-            .embed_tokens
-            .index_select(&ids.flatten_all()?, 0)?
-            .reshape((b, s, self.config.hidden_size))?;
+        let mut x = self.embed_tokens.index_select(&ids.flatten_all()?, 0)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
-            x = layer.forward(&x, &rope, bias, slot, mode)?;
+            x = layer.forward(&x, (b, s), &rope, bias, slot, mode)?;
         }
         self.norm.forward(&x, mode)
     }

@@ -1,0 +1,763 @@
+//! Fused operations with a backward pass, for training.
+//!
+//! candle's autograd records every elementary op and accumulates each gradient as
+//! `zeros + grad`, so composite RMSNorm, softmax and rope cost many full passes over the
+//! activations in backward. These ops do each forward and each backward in one pass.
+//!
+//! - [`linear`] works on every device (it calls the backend's own matmul) and returns dW in the
+//!   weight's (out, in) layout, where `x.matmul(w.t())` would return it transposed and pay a
+//!   strided add to accumulate it.
+//! - [`rms_norm`], [`softmax_last_dim`] and [`rope`] have CPU kernels (f32 and f64); on other
+//!   devices they fall back to differentiable compositions of candle ops.
+use candle_core::backend::BackendStorage;
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D,
+};
+use num_traits::Float;
+use rayon::prelude::*;
+
+/// Whether the fused CPU kernels apply to `x`.
+fn cpu_float(x: &Tensor) -> bool {
+    x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64)
+}
+
+fn contiguous_slice<'a, T>(v: &'a [T], l: &Layout, what: &str) -> Result<&'a [T]> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&v[a..b]),
+        None => candle_core::bail!("{what}: expects a contiguous tensor"),
+    }
+}
+
+/// Run a kernel on f32 or f64 CPU storage.
+macro_rules! dispatch {
+    ($s:expr, |$v:ident| $body:expr) => {
+        match $s {
+            CpuStorage::F32($v) => CpuStorage::F32($body),
+            CpuStorage::F64($v) => CpuStorage::F64($body),
+            _ => candle_core::bail!("fused op: only f32 and f64 are supported"),
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Linear: y = x Wᵀ
+
+struct Linear;
+
+impl CustomOp2 for Linear {
+    fn name(&self) -> &'static str {
+        "linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        lx: &Layout,
+        w: &CpuStorage,
+        lw: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let ((m, k), (n, _)) = (lx.shape().dims2()?, lw.shape().dims2()?);
+        let y = x.matmul(w, (1, m, n, k), lx, &lw.transpose(0, 1)?)?;
+        Ok((y, Shape::from((m, n))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        lx: &Layout,
+        w: &candle_core::CudaStorage,
+        lw: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let ((m, k), (n, _)) = (lx.shape().dims2()?, lw.shape().dims2()?);
+        let y = x.matmul(w, (1, m, n, k), lx, &lw.transpose(0, 1)?)?;
+        Ok((y, Shape::from((m, n))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dx = g.matmul(w)?; // (m, n)(n, k)
+        let dw = g.t()?.matmul(x)?; // (n, m)(m, k): already in W's layout
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// `x Wᵀ` for 2-D x (m, in) and W (out, in).
+pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if x.device().is_cpu() || x.device().is_cuda() {
+        x.contiguous()?.apply_op2(w, Linear)
+    } else {
+        x.matmul(&w.t()?)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm: y = x / sqrt(mean(x²) + eps) * w
+
+struct RmsNorm {
+    eps: f64,
+}
+
+fn inv_rms<T: Float + std::iter::Sum>(row: &[T], eps: f64) -> T {
+    let ms = row.iter().map(|&v| v * v).sum::<T>() / T::from(row.len()).unwrap();
+    (ms + T::from(eps).unwrap()).sqrt().recip()
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        lx: &Layout,
+        w: &CpuStorage,
+        lw: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float + std::iter::Sum + Send + Sync>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
+            let h = w.len();
+            let mut y = vec![T::zero(); x.len()];
+            y.par_chunks_mut(h).zip(x.par_chunks(h)).for_each(|(y, x)| {
+                let r = inv_rms(x, eps);
+                for i in 0..h {
+                    y[i] = x[i] * r * w[i];
+                }
+            });
+            y
+        }
+        let eps = self.eps;
+        let out = match (x, w) {
+            (CpuStorage::F32(x), CpuStorage::F32(w)) => CpuStorage::F32(run(
+                contiguous_slice(x, lx, "rms-norm")?,
+                contiguous_slice(w, lw, "rms-norm")?,
+                eps,
+            )),
+            (CpuStorage::F64(x), CpuStorage::F64(w)) => CpuStorage::F64(run(
+                contiguous_slice(x, lx, "rms-norm")?,
+                contiguous_slice(w, lw, "rms-norm")?,
+                eps,
+            )),
+            _ => candle_core::bail!("rms-norm: x and w must both be f32 or f64"),
+        };
+        Ok((out, lx.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let g = g.contiguous()?;
+        let dx = x.apply_op3_no_bwd(w, &g, &RmsNormGradX { eps: self.eps })?;
+        let dw = x.apply_op2_no_bwd(&g, &RmsNormGradW { eps: self.eps })?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// dx = r·(g⊙w) − r³/h · x · Σ(g⊙w⊙x), with r = 1/rms(x), row by row.
+struct RmsNormGradX {
+    eps: f64,
+}
+
+impl CustomOp3 for RmsNormGradX {
+    fn name(&self) -> &'static str {
+        "rms-norm-grad-x"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        lx: &Layout,
+        w: &CpuStorage,
+        lw: &Layout,
+        g: &CpuStorage,
+        lg: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float + std::iter::Sum + Send + Sync>(
+            x: &[T],
+            w: &[T],
+            g: &[T],
+            eps: f64,
+        ) -> Vec<T> {
+            let h = w.len();
+            let hf = T::from(h).unwrap();
+            let mut dx = vec![T::zero(); x.len()];
+            dx.par_chunks_mut(h)
+                .zip(x.par_chunks(h))
+                .zip(g.par_chunks(h))
+                .for_each(|((dx, x), g)| {
+                    let r = inv_rms(x, eps);
+                    let dot = (0..h).map(|i| g[i] * w[i] * x[i]).sum::<T>();
+                    let c = r * r * r / hf * dot;
+                    for i in 0..h {
+                        dx[i] = r * g[i] * w[i] - c * x[i];
+                    }
+                });
+            dx
+        }
+        let (eps, n) = (self.eps, "rms-norm-grad-x");
+        let out = match (x, w, g) {
+            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(g)) => CpuStorage::F32(run(
+                contiguous_slice(x, lx, n)?,
+                contiguous_slice(w, lw, n)?,
+                contiguous_slice(g, lg, n)?,
+                eps,
+            )),
+            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(g)) => CpuStorage::F64(run(
+                contiguous_slice(x, lx, n)?,
+                contiguous_slice(w, lw, n)?,
+                contiguous_slice(g, lg, n)?,
+                eps,
+            )),
+            _ => candle_core::bail!("{n}: mixed dtypes"),
+        };
+        Ok((out, lx.shape().clone()))
+    }
+}
+
+/// dw = Σ_rows g ⊙ x · r.
+struct RmsNormGradW {
+    eps: f64,
+}
+
+impl CustomOp2 for RmsNormGradW {
+    fn name(&self) -> &'static str {
+        "rms-norm-grad-w"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        lx: &Layout,
+        g: &CpuStorage,
+        lg: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float + std::iter::Sum>(x: &[T], g: &[T], h: usize, eps: f64) -> Vec<T> {
+            let mut dw = vec![T::zero(); h];
+            for (x, g) in x.chunks(h).zip(g.chunks(h)) {
+                let r = inv_rms(x, eps);
+                for i in 0..h {
+                    dw[i] = dw[i] + g[i] * x[i] * r;
+                }
+            }
+            dw
+        }
+        let h = lx.shape().dims().last().copied().unwrap_or(1);
+        let n = "rms-norm-grad-w";
+        let out = match (x, g) {
+            (CpuStorage::F32(x), CpuStorage::F32(g)) => CpuStorage::F32(run(
+                contiguous_slice(x, lx, n)?,
+                contiguous_slice(g, lg, n)?,
+                h,
+                self.eps,
+            )),
+            (CpuStorage::F64(x), CpuStorage::F64(g)) => CpuStorage::F64(run(
+                contiguous_slice(x, lx, n)?,
+                contiguous_slice(g, lg, n)?,
+                h,
+                self.eps,
+            )),
+            _ => candle_core::bail!("{n}: mixed dtypes"),
+        };
+        Ok((out, Shape::from(h)))
+    }
+}
+
+/// Differentiable RMSNorm over the last dimension.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    if cpu_float(x) {
+        return x.contiguous()?.apply_op2(&w.contiguous()?, RmsNorm { eps });
+    }
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax over the last dimension
+
+struct Softmax;
+
+impl CustomOp1 for Softmax {
+    fn name(&self) -> &'static str {
+        "softmax-last-dim"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float + Send + Sync>(x: &[T], d: usize) -> Vec<T> {
+            let mut y = vec![T::zero(); x.len()];
+            y.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(|(y, x)| {
+                let max = x.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
+                let mut sum = T::zero();
+                for i in 0..d {
+                    y[i] = (x[i] - max).exp();
+                    sum = sum + y[i];
+                }
+                let inv = sum.recip();
+                y.iter_mut().for_each(|v| *v = *v * inv);
+            });
+            y
+        }
+        let d = l.shape().dims().last().copied().unwrap_or(1);
+        let out = dispatch!(s, |v| run(contiguous_slice(v, l, "softmax")?, d));
+        Ok((out, l.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(y.apply_op2_no_bwd(&g.contiguous()?, &SoftmaxGrad)?))
+    }
+}
+
+/// dx = y ⊙ (g − Σ g⊙y), row by row.
+struct SoftmaxGrad;
+
+impl CustomOp2 for SoftmaxGrad {
+    fn name(&self) -> &'static str {
+        "softmax-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        y: &CpuStorage,
+        ly: &Layout,
+        g: &CpuStorage,
+        lg: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float + std::iter::Sum + Send + Sync>(y: &[T], g: &[T], d: usize) -> Vec<T> {
+            let mut dx = vec![T::zero(); y.len()];
+            dx.par_chunks_mut(d)
+                .zip(y.par_chunks(d))
+                .zip(g.par_chunks(d))
+                .for_each(|((dx, y), g)| {
+                    let dot = (0..d).map(|i| g[i] * y[i]).sum::<T>();
+                    for i in 0..d {
+                        dx[i] = y[i] * (g[i] - dot);
+                    }
+                });
+            dx
+        }
+        let d = ly.shape().dims().last().copied().unwrap_or(1);
+        let n = "softmax-grad";
+        let out = match (y, g) {
+            (CpuStorage::F32(y), CpuStorage::F32(g)) => CpuStorage::F32(run(
+                contiguous_slice(y, ly, n)?,
+                contiguous_slice(g, lg, n)?,
+                d,
+            )),
+            (CpuStorage::F64(y), CpuStorage::F64(g)) => CpuStorage::F64(run(
+                contiguous_slice(y, ly, n)?,
+                contiguous_slice(g, lg, n)?,
+                d,
+            )),
+            _ => candle_core::bail!("{n}: mixed dtypes"),
+        };
+        Ok((out, ly.shape().clone()))
+    }
+}
+
+/// Differentiable softmax over the last dimension.
+pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    if cpu_float(x) {
+        return x.contiguous()?.apply_op1(Softmax);
+    }
+    candle_nn::ops::softmax(x, D::Minus1)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotary embedding (rotate-half layout)
+
+/// y[i] = x[i]·cos − x[i+d/2]·sin, y[i+d/2] = x[i+d/2]·cos + x[i]·sin, per (row, position).
+/// Its backward is the same rotation by −θ.
+struct Rope {
+    cos: Tensor, // (b, s, d/2), contiguous
+    sin: Tensor,
+    inverse: bool,
+}
+
+impl CustomOp1 for Rope {
+    fn name(&self) -> &'static str {
+        "rope"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float + Send + Sync>(
+            x: &[T],
+            cos: &[T],
+            sin: &[T],
+            dims: (usize, usize, usize, usize),
+            inverse: bool,
+        ) -> Vec<T> {
+            let (_b, h, s, d) = dims;
+            let half = d / 2;
+            let mut y = vec![T::zero(); x.len()];
+            // One chunk per (batch row, head, position).
+            y.par_chunks_mut(d)
+                .zip(x.par_chunks(d))
+                .enumerate()
+                .for_each(|(idx, (y, x))| {
+                    let (bi, si) = (idx / (h * s), idx % s);
+                    let off = (bi * s + si) * half;
+                    for i in 0..half {
+                        let (c, sn) = (
+                            cos[off + i],
+                            if inverse { -sin[off + i] } else { sin[off + i] },
+                        );
+                        let (x1, x2) = (x[i], x[i + half]);
+                        y[i] = x1 * c - x2 * sn;
+                        y[i + half] = x2 * c + x1 * sn;
+                    }
+                });
+            y
+        }
+        let dims = l.shape().dims4()?;
+        let (cos, sin) = (self.cos.storage_and_layout(), self.sin.storage_and_layout());
+        let out = match (s, &*cos.0, &*sin.0) {
+            (
+                CpuStorage::F32(x),
+                candle_core::Storage::Cpu(CpuStorage::F32(c)),
+                candle_core::Storage::Cpu(CpuStorage::F32(sn)),
+            ) => CpuStorage::F32(run(
+                contiguous_slice(x, l, "rope")?,
+                contiguous_slice(c, cos.1, "rope")?,
+                contiguous_slice(sn, sin.1, "rope")?,
+                dims,
+                self.inverse,
+            )),
+            (
+                CpuStorage::F64(x),
+                candle_core::Storage::Cpu(CpuStorage::F64(c)),
+                candle_core::Storage::Cpu(CpuStorage::F64(sn)),
+            ) => CpuStorage::F64(run(
+                contiguous_slice(x, l, "rope")?,
+                contiguous_slice(c, cos.1, "rope")?,
+                contiguous_slice(sn, sin.1, "rope")?,
+                dims,
+                self.inverse,
+            )),
+            _ => candle_core::bail!("rope: x, cos and sin must share an f32/f64 CPU dtype"),
+        };
+        Ok((out, l.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, _y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        let inv = Rope {
+            cos: self.cos.clone(),
+            sin: self.sin.clone(),
+            inverse: !self.inverse,
+        };
+        Ok(Some(g.contiguous()?.apply_op1_no_bwd(&inv)?))
+    }
+}
+
+/// Differentiable rotate-half rope on x: (b, heads, s, d) with cos/sin: (b, s, d/2).
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    if cpu_float(x) {
+        let op = Rope {
+            cos: cos.contiguous()?,
+            sin: sin.contiguous()?,
+            inverse: false,
+        };
+        return x.contiguous()?.apply_op1(op);
+    }
+    let cos = Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?;
+    let sin = Tensor::cat(&[sin, sin], D::Minus1)?.unsqueeze(1)?;
+    let d = x.dim(D::Minus1)?;
+    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
+    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
+    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+    x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
+}
+
+// ---------------------------------------------------------------------------------------------
+// Log-probability of a target token: log softmax(logits)[target]
+
+/// lp[r] = logits[r, t_r] − logsumexp(logits[r]), one pass per row; its backward is
+/// g[r]·(onehot(t_r) − softmax(logits[r])), also one pass. No (n, vocab) temporaries besides
+/// the gradient itself.
+struct TokenLogProb;
+
+fn u32_slice<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [u32]> {
+    match s {
+        CpuStorage::U32(v) => contiguous_slice(v, l, what),
+        _ => candle_core::bail!("{what}: targets must be u32"),
+    }
+}
+
+fn logsumexp<T: Float>(row: &[T]) -> T {
+    let max = row.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
+    let sum = row.iter().fold(T::zero(), |a, &v| a + (v - max).exp());
+    max + sum.ln()
+}
+
+impl CustomOp2 for TokenLogProb {
+    fn name(&self) -> &'static str {
+        "token-log-prob"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        lx: &Layout,
+        t: &CpuStorage,
+        lt: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float + Send + Sync>(x: &[T], t: &[u32], v: usize) -> Vec<T> {
+            x.par_chunks(v)
+                .zip(t.par_iter())
+                .map(|(row, &t)| row[t as usize] - logsumexp(row))
+                .collect()
+        }
+        let (n, v) = lx.shape().dims2()?;
+        let t = u32_slice(t, lt, "token-log-prob")?;
+        if t.iter().any(|&i| i as usize >= v) {
+            candle_core::bail!("token-log-prob: target id out of the vocabulary");
+        }
+        let out = dispatch!(x, |x| run(contiguous_slice(x, lx, "token-log-prob")?, t, v));
+        Ok((out, Shape::from(n)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        t: &Tensor,
+        _y: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((
+            Some(x.apply_op3_no_bwd(t, &g.contiguous()?, &TokenLogProbGrad)?),
+            None,
+        ))
+    }
+}
+
+struct TokenLogProbGrad;
+
+impl CustomOp3 for TokenLogProbGrad {
+    fn name(&self) -> &'static str {
+        "token-log-prob-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        lx: &Layout,
+        t: &CpuStorage,
+        lt: &Layout,
+        g: &CpuStorage,
+        lg: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float + Send + Sync>(x: &[T], t: &[u32], g: &[T], v: usize) -> Vec<T> {
+            let mut dx = vec![T::zero(); x.len()];
+            dx.par_chunks_mut(v)
+                .zip(x.par_chunks(v))
+                .zip(t.par_iter().zip(g.par_iter()))
+                .for_each(|((dx, row), (&t, &g))| {
+                    let lse = logsumexp(row);
+                    for i in 0..v {
+                        dx[i] = -g * (row[i] - lse).exp();
+                    }
+                    dx[t as usize] = dx[t as usize] + g;
+                });
+            dx
+        }
+        let n = "token-log-prob-grad";
+        let v = lx.shape().dims2()?.1;
+        let t = u32_slice(t, lt, n)?;
+        let out = match (x, g) {
+            (CpuStorage::F32(x), CpuStorage::F32(g)) => CpuStorage::F32(run(
+                contiguous_slice(x, lx, n)?,
+                t,
+                contiguous_slice(g, lg, n)?,
+                v,
+            )),
+            (CpuStorage::F64(x), CpuStorage::F64(g)) => CpuStorage::F64(run(
+                contiguous_slice(x, lx, n)?,
+                t,
+                contiguous_slice(g, lg, n)?,
+                v,
+            )),
+            _ => candle_core::bail!("{n}: mixed dtypes"),
+        };
+        Ok((out, lx.shape().clone()))
+    }
+}
+
+/// log softmax(logits)[target] per row: logits (n, vocab), targets (n,) u32 → (n,).
+pub fn token_log_probs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    if cpu_float(logits) {
+        return logits
+            .contiguous()?
+            .apply_op2(&targets.contiguous()?, TokenLogProb);
+    }
+    let max = logits.max_keepdim(D::Minus1)?.detach();
+    let lse = (logits
+        .broadcast_sub(&max)?
+        .exp()?
+        .sum_keepdim(D::Minus1)?
+        .log()?
+        + &max)?;
+    let picked = logits.gather(&targets.unsqueeze(1)?, D::Minus1)?;
+    (picked - lse)?.squeeze(1)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention heads: (b·s, n·d) ↔ (b, n, s, d), with the rotary embedding fused into the split
+
+/// Splits rows of `n` heads into the (b, n, s, d) attention layout, optionally rotating each
+/// head by its position's rope angles; `merge` is the inverse permutation. The backward of a
+/// split is a merge (rotated back by −θ) and vice versa: one node and one pass instead of the
+/// reshape, transpose, copy and rope nodes.
+struct Heads {
+    b: usize,
+    s: usize,
+    n: usize,
+    d: usize,
+    merge: bool,
+    /// (cos, sin) of shape (b, s, d/2) and whether to rotate by −θ.
+    rope: Option<(Tensor, Tensor, bool)>,
+}
+
+impl Heads {
+    fn inverse(&self) -> Self {
+        let rope = self
+            .rope
+            .as_ref()
+            .map(|(c, s, inv)| (c.clone(), s.clone(), !inv));
+        Self {
+            merge: !self.merge,
+            rope,
+            ..*self
+        }
+    }
+}
+
+fn cpu_float_slice<'a, T: candle_core::WithDType>(
+    t: &'a candle_core::Storage,
+    l: &Layout,
+) -> Result<&'a [T]> {
+    match t {
+        candle_core::Storage::Cpu(c) => contiguous_slice(c.as_slice::<T>()?, l, "heads"),
+        _ => candle_core::bail!("heads: rope tables must be on the CPU"),
+    }
+}
+
+impl CustomOp1 for Heads {
+    fn name(&self) -> &'static str {
+        "heads"
+    }
+
+    fn cpu_fwd(&self, st: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float + candle_core::WithDType + Send + Sync>(
+            op: &Heads,
+            x: &[T],
+        ) -> Result<Vec<T>> {
+            let (s, n, d) = (op.s, op.n, op.d);
+            let half = d / 2;
+            let guards = op
+                .rope
+                .as_ref()
+                .map(|(c, sn, inv)| (c.storage_and_layout(), sn.storage_and_layout(), *inv));
+            let tables = match &guards {
+                Some((c, sn, inv)) => Some((
+                    cpu_float_slice::<T>(&*c.0, c.1)?,
+                    cpu_float_slice::<T>(&*sn.0, sn.1)?,
+                    *inv,
+                )),
+                None => None,
+            };
+            let mut y = vec![T::zero(); x.len()];
+            // Work item = one (batch row, head, position) vector of d values.
+            y.par_chunks_mut(d).enumerate().for_each(|(o, out)| {
+                // o indexes the output layout; find the input vector it comes from.
+                let (bi, hi, si) = if op.merge {
+                    (o / (s * n), o % n, (o / n) % s)
+                } else {
+                    (o / (n * s), (o / s) % n, o % s)
+                };
+                let src = if op.merge {
+                    ((bi * n + hi) * s + si) * d
+                } else {
+                    ((bi * s + si) * n + hi) * d
+                };
+                let v = &x[src..src + d];
+                match tables {
+                    None => out.copy_from_slice(v),
+                    Some((cos, sin, inv)) => {
+                        let off = (bi * s + si) * half;
+                        for i in 0..half {
+                            let (c, sn) =
+                                (cos[off + i], if inv { -sin[off + i] } else { sin[off + i] });
+                            out[i] = v[i] * c - v[i + half] * sn;
+                            out[i + half] = v[i + half] * c + v[i] * sn;
+                        }
+                    }
+                }
+            });
+            Ok(y)
+        }
+        let shape = if self.merge {
+            Shape::from((self.b * self.s, self.n * self.d))
+        } else {
+            Shape::from((self.b, self.n, self.s, self.d))
+        };
+        let out = dispatch!(st, |v| run(self, contiguous_slice(v, l, "heads")?)?);
+        Ok((out, shape))
+    }
+
+    fn bwd(&self, _x: &Tensor, _y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(g.contiguous()?.apply_op1_no_bwd(&self.inverse())?))
+    }
+}
+
+/// (b·s, n·d) → (b, n, s, d), rotated by the rope tables (b, s, d/2) when given.
+pub fn split_heads(
+    x: &Tensor,
+    b: usize,
+    s: usize,
+    n: usize,
+    d: usize,
+    rope_tables: Option<(&Tensor, &Tensor)>,
+) -> Result<Tensor> {
+    if cpu_float(x) {
+        let rope = match rope_tables {
+            Some((c, sn)) => Some((c.contiguous()?, sn.contiguous()?, false)),
+            None => None,
+        };
+        return x.contiguous()?.apply_op1(Heads {
+            b,
+            s,
+            n,
+            d,
+            merge: false,
+            rope,
+        });
+    }
+    let h = x.reshape((b, s, n, d))?.transpose(1, 2)?.contiguous()?;
+    match rope_tables {
+        Some((c, sn)) => rope(&h, c, sn),
+        None => Ok(h),
+    }
+}
+
+/// (b, n, s, d) → (b·s, n·d).
+pub fn merge_heads(x: &Tensor) -> Result<Tensor> {
+    let (b, n, s, d) = x.dims4()?;
+    if cpu_float(x) {
+        return x.contiguous()?.apply_op1(Heads {
+            b,
+            s,
+            n,
+            d,
+            merge: true,
+            rope: None,
+        });
+    }
+    x.transpose(1, 2)?.reshape((b * s, n * d))
+}
