@@ -78,6 +78,7 @@ fn train_rows(m: &LoadedModel) -> Result<Vec<ScoreRow>> {
 
 fn bench_train(m: &LoadedModel, steps: usize) -> Result<serde_json::Value> {
     let rows = train_rows(m)?;
+    eprintln!("loaded: peak RSS {:.0} MiB", peak_rss_mib());
     let params: Vec<(String, Var)> = m
         .varmap
         .data()
@@ -111,7 +112,7 @@ fn bench_train(m: &LoadedModel, steps: usize) -> Result<serde_json::Value> {
         opt.step(&grads)?;
         drop(grads);
         let t_o = t.elapsed().as_secs_f64();
-        eprintln!("step {step}: loss {loss_value:.6} forward {t_f:.2}s backward {t_b:.2}s adamw {t_o:.2}s");
+        eprintln!("step {step}: loss {loss_value:.6} forward {t_f:.2}s backward {t_b:.2}s adamw {t_o:.2}s (peak RSS so far {:.0} MiB)", peak_rss_mib());
         if step > 0 {
             fwd.push(t_f);
             bwd.push(t_b);

@@ -66,6 +66,6 @@ fn keep_freed_memory() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
         // A heap trim (the top chunk passed 2 GiB) keeps this much for the next step.
-        libc::mallopt(libc::M_TOP_PAD, 1 << 30);
+        libc::mallopt(libc::M_TOP_PAD, 64 << 20);
     }
 }
