@@ -490,10 +490,15 @@ fn u32_slice<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [u32]>
     }
 }
 
+/// Accumulated in f64: a vocabulary-sized f32 sum drifts by ~1e-4, which shows in
+/// sequence log-prob differences.
 fn logsumexp<T: Float>(row: &[T]) -> T {
     let max = row.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
-    let sum = row.iter().fold(T::zero(), |a, &v| a + (v - max).exp());
-    max + sum.ln()
+    let sum: f64 = row
+        .iter()
+        .map(|&v| (v - max).exp().to_f64().unwrap_or(0.0))
+        .sum();
+    max + T::from(sum.ln()).unwrap()
 }
 
 impl CustomOp2 for TokenLogProb {
