@@ -276,6 +276,11 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     if cpu_float(x) {
         return x.contiguous()?.apply_op2(&w.contiguous()?, RmsNorm { eps });
     }
+    rms_norm_composite(x, w, eps)
+}
+
+/// RMSNorm from differentiable candle ops (other devices, and the reference in tests).
+pub fn rms_norm_composite(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
     x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)
 }
@@ -367,6 +372,11 @@ pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
     if cpu_float(x) {
         return x.contiguous()?.apply_op1(Softmax);
     }
+    softmax_composite(x)
+}
+
+/// Softmax from differentiable candle ops.
+pub fn softmax_composite(x: &Tensor) -> Result<Tensor> {
     candle_nn::ops::softmax(x, D::Minus1)
 }
 
@@ -466,6 +476,11 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         };
         return x.contiguous()?.apply_op1(op);
     }
+    rope_composite(x, cos, sin)
+}
+
+/// Rope from differentiable candle ops.
+pub fn rope_composite(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let cos = Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?;
     let sin = Tensor::cat(&[sin, sin], D::Minus1)?.unsqueeze(1)?;
     let d = x.dim(D::Minus1)?;
@@ -601,6 +616,11 @@ pub fn token_log_probs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
             .contiguous()?
             .apply_op2(&targets.contiguous()?, TokenLogProb);
     }
+    token_log_probs_composite(logits, targets)
+}
+
+/// Token log-probabilities from differentiable candle ops.
+pub fn token_log_probs_composite(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     let max = logits.max_keepdim(D::Minus1)?.detach();
     let lse = (logits
         .broadcast_sub(&max)?
@@ -744,9 +764,21 @@ pub fn split_heads(
             rope,
         });
     }
+    split_heads_composite(x, b, s, n, d, rope_tables)
+}
+
+/// Head split (and rope) from differentiable candle ops.
+pub fn split_heads_composite(
+    x: &Tensor,
+    b: usize,
+    s: usize,
+    n: usize,
+    d: usize,
+    rope_tables: Option<(&Tensor, &Tensor)>,
+) -> Result<Tensor> {
     let h = x.reshape((b, s, n, d))?.transpose(1, 2)?.contiguous()?;
     match rope_tables {
-        Some((c, sn)) => rope(&h, c, sn),
+        Some((c, sn)) => rope_composite(&h, c, sn),
         None => Ok(h),
     }
 }
@@ -764,5 +796,130 @@ pub fn merge_heads(x: &Tensor) -> Result<Tensor> {
             rope: None,
         });
     }
+    merge_heads_composite(x)
+}
+
+/// Head merge from differentiable candle ops.
+pub fn merge_heads_composite(x: &Tensor) -> Result<Tensor> {
+    let (b, n, s, d) = x.dims4()?;
     x.transpose(1, 2)?.reshape((b * s, n * d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+    use rand::{Rng, SeedableRng};
+
+    fn random(shape: &[usize], seed: u64) -> Tensor {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let n: usize = shape.iter().product();
+        let v: Vec<f64> = (0..n).map(|_| rng.random::<f64>() * 2.0 - 1.0).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    }
+
+    type Op<'a> = &'a dyn Fn(&[Tensor]) -> Tensor;
+
+    /// A fused op and its composite reference agree in value and in the gradient of every
+    /// input for a random upstream gradient (f64, so the tolerance is tight). The composite is
+    /// what runs on non-CPU devices.
+    fn check(inputs: &[Tensor], fused: Op, composite: Op) {
+        let run = |f: Op| {
+            let vars: Vec<Var> = inputs
+                .iter()
+                .map(|t| Var::from_tensor(t).unwrap())
+                .collect();
+            let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+            let y = f(&ts);
+            let probe = random(y.dims(), 99);
+            let grads = (&y * &probe)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let g: Vec<Tensor> = ts
+                .iter()
+                .map(|t| grads.get(t).expect("gradient").clone())
+                .collect();
+            (y, g)
+        };
+        let (yf, gf) = run(fused);
+        let (yc, gc) = run(composite);
+        assert!(
+            max_diff(&yf, &yc) < 1e-10,
+            "values differ by {}",
+            max_diff(&yf, &yc)
+        );
+        for (i, (a, b)) in gf.iter().zip(&gc).enumerate() {
+            assert!(
+                max_diff(a, b) < 1e-10,
+                "gradient of input {i} differs by {}",
+                max_diff(a, b)
+            );
+        }
+    }
+
+    #[test]
+    fn fused_ops_match_their_composite_references() {
+        let (b, s, n, d) = (2, 5, 3, 8);
+        let cos = random(&[b, s, d / 2], 1);
+        let sin = random(&[b, s, d / 2], 2);
+        let targets = Tensor::new(&[3u32, 0, 6, 2], &Device::Cpu).unwrap();
+        check(
+            &[random(&[6, 16], 3), random(&[16], 4)],
+            &|t| rms_norm(&t[0], &t[1], 1e-5).unwrap(),
+            &|t| rms_norm_composite(&t[0], &t[1], 1e-5).unwrap(),
+        );
+        check(
+            &[random(&[4, 3, 7], 5)],
+            &|t| softmax_last_dim(&t[0]).unwrap(),
+            &|t| softmax_composite(&t[0]).unwrap(),
+        );
+        check(
+            &[random(&[b, n, s, d], 6)],
+            &|t| rope(&t[0], &cos, &sin).unwrap(),
+            &|t| rope_composite(&t[0], &cos, &sin).unwrap(),
+        );
+        check(
+            &[random(&[b * s, n * d], 7)],
+            &|t| split_heads(&t[0], b, s, n, d, Some((&cos, &sin))).unwrap(),
+            &|t| split_heads_composite(&t[0], b, s, n, d, Some((&cos, &sin))).unwrap(),
+        );
+        check(
+            &[random(&[b * s, n * d], 8)],
+            &|t| split_heads(&t[0], b, s, n, d, None).unwrap(),
+            &|t| split_heads_composite(&t[0], b, s, n, d, None).unwrap(),
+        );
+        check(
+            &[random(&[b, n, s, d], 9)],
+            &|t| merge_heads(&t[0]).unwrap(),
+            &|t| merge_heads_composite(&t[0]).unwrap(),
+        );
+        check(
+            &[random(&[5, 4], 10), random(&[3, 4], 11)],
+            &|t| linear(&t[0], &t[1]).unwrap(),
+            &|t| t[0].matmul(&t[1].t().unwrap()).unwrap(),
+        );
+        // Targets carry no gradient: check the logits' gradient alone.
+        let logits = random(&[4, 7], 12);
+        check(
+            &[logits],
+            &|t| token_log_probs(&t[0], &targets).unwrap(),
+            &|t| token_log_probs_composite(&t[0], &targets).unwrap(),
+        );
+    }
 }
