@@ -28,21 +28,6 @@ fn single_logits(m: &LoadedModel, ids: &[u32], mode: Mode) -> Tensor {
         .unwrap()
 }
 
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_dtype(DType::F32)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
-}
-
 #[test]
 fn padded_batches_equal_unpadded_sequences() {
     common::init();
@@ -62,7 +47,7 @@ fn padded_batches_equal_unpadded_sequences() {
                         .narrow(0, b.offsets[i], r.len())
                         .unwrap();
                     let want = single_logits(&m, r, mode);
-                    let d = max_abs_diff(&got, &want);
+                    let d = common::max_abs_diff(&got, &want);
                     assert!(
                         d < 1e-5,
                         "{arch:?} {padding:?} {mode:?} row {i}: max diff {d}"
@@ -78,7 +63,7 @@ fn train_and_infer_kernels_agree() {
     common::init();
     let m = tiny_model(Architecture::Llama, true, 2, DType::F32).unwrap();
     let r = &rows()[0];
-    let d = max_abs_diff(
+    let d = common::max_abs_diff(
         &single_logits(&m, r, Mode::Train),
         &single_logits(&m, r, Mode::Infer),
     );
@@ -104,9 +89,9 @@ fn kv_cache_incremental_logits_equal_full_forward() {
         .unwrap()
         .squeeze(1)
         .unwrap()];
-    for t in 0..3 {
+    for (a, b) in continuation[0].iter().zip(&continuation[1]) {
         key_mask.iter_mut().for_each(|k| k.push(1));
-        let ids = Tensor::new(&[[continuation[0][t]], [continuation[1][t]]], &dev).unwrap();
+        let ids = Tensor::new(&[[*a], [*b]], &dev).unwrap();
         let pos = pbrl::model::batch::position_ids(&key_mask, 1, &dev).unwrap();
         let bias = pbrl::model::batch::attention_bias(&key_mask, 1, &dev).unwrap();
         let l = m
@@ -121,7 +106,7 @@ fn kv_cache_incremental_logits_equal_full_forward() {
         full.extend_from_slice(&continuation[row]);
         let want = single_logits(&m, &full, Mode::Train);
         for (t, step) in steps.iter().enumerate() {
-            let d = max_abs_diff(&step.i(row).unwrap(), &want.i(p.len() - 1 + t).unwrap());
+            let d = common::max_abs_diff(&step.i(row).unwrap(), &want.i(p.len() - 1 + t).unwrap());
             assert!(d < 1e-5, "row {row} step {t}: {d}");
         }
     }
@@ -334,7 +319,7 @@ fn hf_dir_save_then_load_gives_identical_logits() {
         assert_eq!(back.model.config, m.model.config);
         let r = &rows()[0];
         assert_eq!(
-            max_abs_diff(
+            common::max_abs_diff(
                 &single_logits(&m, r, Mode::Train),
                 &single_logits(&back, r, Mode::Train)
             ),

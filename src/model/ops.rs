@@ -39,6 +39,53 @@ macro_rules! dispatch {
     };
 }
 
+/// Run a kernel on two (or three) f32 CPU storages, or two (three) f64 ones, as contiguous slices.
+macro_rules! dispatch2 {
+    ($name:expr, ($a:expr, $la:expr), ($b:expr, $lb:expr), |$x:ident, $y:ident| $body:expr) => {
+        match ($a, $b) {
+            (CpuStorage::F32($x), CpuStorage::F32($y)) => {
+                let ($x, $y) = (
+                    contiguous_slice($x, $la, $name)?,
+                    contiguous_slice($y, $lb, $name)?,
+                );
+                CpuStorage::F32($body)
+            }
+            (CpuStorage::F64($x), CpuStorage::F64($y)) => {
+                let ($x, $y) = (
+                    contiguous_slice($x, $la, $name)?,
+                    contiguous_slice($y, $lb, $name)?,
+                );
+                CpuStorage::F64($body)
+            }
+            _ => candle_core::bail!("{}: operands must both be f32 or both f64", $name),
+        }
+    };
+}
+
+macro_rules! dispatch3 {
+    ($name:expr, ($a:expr, $la:expr), ($b:expr, $lb:expr), ($c:expr, $lc:expr), |$x:ident, $y:ident, $z:ident| $body:expr) => {
+        match ($a, $b, $c) {
+            (CpuStorage::F32($x), CpuStorage::F32($y), CpuStorage::F32($z)) => {
+                let ($x, $y, $z) = (
+                    contiguous_slice($x, $la, $name)?,
+                    contiguous_slice($y, $lb, $name)?,
+                    contiguous_slice($z, $lc, $name)?,
+                );
+                CpuStorage::F32($body)
+            }
+            (CpuStorage::F64($x), CpuStorage::F64($y), CpuStorage::F64($z)) => {
+                let ($x, $y, $z) = (
+                    contiguous_slice($x, $la, $name)?,
+                    contiguous_slice($y, $lb, $name)?,
+                    contiguous_slice($z, $lc, $name)?,
+                );
+                CpuStorage::F64($body)
+            }
+            _ => candle_core::bail!("{}: operands must all be f32 or all f64", $name),
+        }
+    };
+}
+
 // ---------------------------------------------------------------------------------------------
 // Linear: y = x Wᵀ
 
@@ -132,19 +179,7 @@ impl CustomOp2 for RmsNorm {
             y
         }
         let eps = self.eps;
-        let out = match (x, w) {
-            (CpuStorage::F32(x), CpuStorage::F32(w)) => CpuStorage::F32(run(
-                contiguous_slice(x, lx, "rms-norm")?,
-                contiguous_slice(w, lw, "rms-norm")?,
-                eps,
-            )),
-            (CpuStorage::F64(x), CpuStorage::F64(w)) => CpuStorage::F64(run(
-                contiguous_slice(x, lx, "rms-norm")?,
-                contiguous_slice(w, lw, "rms-norm")?,
-                eps,
-            )),
-            _ => candle_core::bail!("rms-norm: x and w must both be f32 or f64"),
-        };
+        let out = dispatch2!("rms-norm", (x, lx), (w, lw), |x, w| run(x, w, eps));
         Ok((out, lx.shape().clone()))
     }
 
@@ -204,21 +239,7 @@ impl CustomOp3 for RmsNormGradX {
             dx
         }
         let (eps, n) = (self.eps, "rms-norm-grad-x");
-        let out = match (x, w, g) {
-            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(g)) => CpuStorage::F32(run(
-                contiguous_slice(x, lx, n)?,
-                contiguous_slice(w, lw, n)?,
-                contiguous_slice(g, lg, n)?,
-                eps,
-            )),
-            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(g)) => CpuStorage::F64(run(
-                contiguous_slice(x, lx, n)?,
-                contiguous_slice(w, lw, n)?,
-                contiguous_slice(g, lg, n)?,
-                eps,
-            )),
-            _ => candle_core::bail!("{n}: mixed dtypes"),
-        };
+        let out = dispatch3!(n, (x, lx), (w, lw), (g, lg), |x, w, g| run(x, w, g, eps));
         Ok((out, lx.shape().clone()))
     }
 }
@@ -252,21 +273,7 @@ impl CustomOp2 for RmsNormGradW {
         }
         let h = lx.shape().dims().last().copied().unwrap_or(1);
         let n = "rms-norm-grad-w";
-        let out = match (x, g) {
-            (CpuStorage::F32(x), CpuStorage::F32(g)) => CpuStorage::F32(run(
-                contiguous_slice(x, lx, n)?,
-                contiguous_slice(g, lg, n)?,
-                h,
-                self.eps,
-            )),
-            (CpuStorage::F64(x), CpuStorage::F64(g)) => CpuStorage::F64(run(
-                contiguous_slice(x, lx, n)?,
-                contiguous_slice(g, lg, n)?,
-                h,
-                self.eps,
-            )),
-            _ => candle_core::bail!("{n}: mixed dtypes"),
-        };
+        let out = dispatch2!(n, (x, lx), (g, lg), |x, g| run(x, g, h, self.eps));
         Ok((out, Shape::from(h)))
     }
 }
@@ -350,19 +357,7 @@ impl CustomOp2 for SoftmaxGrad {
         }
         let d = ly.shape().dims().last().copied().unwrap_or(1);
         let n = "softmax-grad";
-        let out = match (y, g) {
-            (CpuStorage::F32(y), CpuStorage::F32(g)) => CpuStorage::F32(run(
-                contiguous_slice(y, ly, n)?,
-                contiguous_slice(g, lg, n)?,
-                d,
-            )),
-            (CpuStorage::F64(y), CpuStorage::F64(g)) => CpuStorage::F64(run(
-                contiguous_slice(y, ly, n)?,
-                contiguous_slice(g, lg, n)?,
-                d,
-            )),
-            _ => candle_core::bail!("{n}: mixed dtypes"),
-        };
+        let out = dispatch2!(n, (y, ly), (g, lg), |y, g| run(y, g, d));
         Ok((out, ly.shape().clone()))
     }
 }
@@ -590,21 +585,7 @@ impl CustomOp3 for TokenLogProbGrad {
         let n = "token-log-prob-grad";
         let v = lx.shape().dims2()?.1;
         let t = u32_slice(t, lt, n)?;
-        let out = match (x, g) {
-            (CpuStorage::F32(x), CpuStorage::F32(g)) => CpuStorage::F32(run(
-                contiguous_slice(x, lx, n)?,
-                t,
-                contiguous_slice(g, lg, n)?,
-                v,
-            )),
-            (CpuStorage::F64(x), CpuStorage::F64(g)) => CpuStorage::F64(run(
-                contiguous_slice(x, lx, n)?,
-                t,
-                contiguous_slice(g, lg, n)?,
-                v,
-            )),
-            _ => candle_core::bail!("{n}: mixed dtypes"),
-        };
+        let out = dispatch2!(n, (x, lx), (g, lg), |x, g| run(x, t, g, v));
         Ok((out, lx.shape().clone()))
     }
 }
@@ -691,8 +672,8 @@ impl CustomOp1 for Heads {
                 .map(|(c, sn, inv)| (c.storage_and_layout(), sn.storage_and_layout(), *inv));
             let tables = match &guards {
                 Some((c, sn, inv)) => Some((
-                    cpu_float_slice::<T>(&*c.0, c.1)?,
-                    cpu_float_slice::<T>(&*sn.0, sn.1)?,
+                    cpu_float_slice::<T>(&c.0, c.1)?,
+                    cpu_float_slice::<T>(&sn.0, sn.1)?,
                     *inv,
                 )),
                 None => None,

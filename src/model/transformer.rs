@@ -167,6 +167,7 @@ impl RotaryEmbedding {
 
 impl RopeSlice {
     /// (b·s, n·d) rows → (b, n, s, d) heads, rotated when `rotate`.
+    #[allow(clippy::too_many_arguments)]
     fn heads(
         &self,
         x: &Tensor,

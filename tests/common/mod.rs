@@ -45,3 +45,19 @@ pub fn smollm2() -> PathBuf {
 pub fn fixtures() -> PathBuf {
     repo().join("tests/fixtures")
 }
+
+/// Largest absolute elementwise difference, as f32.
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_dtype(candle_core::DType::F32)
+        .unwrap()
+        .to_scalar()
+        .unwrap()
+}
