@@ -7,8 +7,9 @@
 //! - [`linear`] works on every device (it calls the backend's own matmul) and returns dW in the
 //!   weight's (out, in) layout, where `x.matmul(w.t())` would return it transposed and pay a
 //!   strided add to accumulate it.
-//! - [`rms_norm`], [`softmax_last_dim`] and [`rope`] have CPU kernels (f32 and f64); on other
-//!   devices they fall back to differentiable compositions of candle ops.
+//! - [`rms_norm`], [`softmax_last_dim`], [`split_heads`] (with the rotary embedding),
+//!   [`merge_heads`] and [`token_log_probs`] have CPU kernels (f32 and f64); on other devices
+//!   they fall back to the differentiable compositions of candle ops named `*_composite`.
 use candle_core::backend::BackendStorage;
 use candle_core::{
     CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D,
@@ -378,103 +379,8 @@ pub fn softmax_composite(x: &Tensor) -> Result<Tensor> {
 // ---------------------------------------------------------------------------------------------
 // Rotary embedding (rotate-half layout)
 
-/// y[i] = x[i]·cos − x[i+d/2]·sin, y[i+d/2] = x[i+d/2]·cos + x[i]·sin, per (row, position).
-/// Its backward is the same rotation by −θ.
-struct Rope {
-    cos: Tensor, // (b, s, d/2), contiguous
-    sin: Tensor,
-    inverse: bool,
-}
-
-impl CustomOp1 for Rope {
-    fn name(&self) -> &'static str {
-        "rope"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        fn run<T: Float + Send + Sync>(
-            x: &[T],
-            cos: &[T],
-            sin: &[T],
-            dims: (usize, usize, usize, usize),
-            inverse: bool,
-        ) -> Vec<T> {
-            let (_b, h, s, d) = dims;
-            let half = d / 2;
-            let mut y = vec![T::zero(); x.len()];
-            // One chunk per (batch row, head, position).
-            y.par_chunks_mut(d)
-                .zip(x.par_chunks(d))
-                .enumerate()
-                .for_each(|(idx, (y, x))| {
-                    let (bi, si) = (idx / (h * s), idx % s);
-                    let off = (bi * s + si) * half;
-                    for i in 0..half {
-                        let (c, sn) = (
-                            cos[off + i],
-                            if inverse { -sin[off + i] } else { sin[off + i] },
-                        );
-                        let (x1, x2) = (x[i], x[i + half]);
-                        y[i] = x1 * c - x2 * sn;
-                        y[i + half] = x2 * c + x1 * sn;
-                    }
-                });
-            y
-        }
-        let dims = l.shape().dims4()?;
-        let (cos, sin) = (self.cos.storage_and_layout(), self.sin.storage_and_layout());
-        let out = match (s, &*cos.0, &*sin.0) {
-            (
-                CpuStorage::F32(x),
-                candle_core::Storage::Cpu(CpuStorage::F32(c)),
-                candle_core::Storage::Cpu(CpuStorage::F32(sn)),
-            ) => CpuStorage::F32(run(
-                contiguous_slice(x, l, "rope")?,
-                contiguous_slice(c, cos.1, "rope")?,
-                contiguous_slice(sn, sin.1, "rope")?,
-                dims,
-                self.inverse,
-            )),
-            (
-                CpuStorage::F64(x),
-                candle_core::Storage::Cpu(CpuStorage::F64(c)),
-                candle_core::Storage::Cpu(CpuStorage::F64(sn)),
-            ) => CpuStorage::F64(run(
-                contiguous_slice(x, l, "rope")?,
-                contiguous_slice(c, cos.1, "rope")?,
-                contiguous_slice(sn, sin.1, "rope")?,
-                dims,
-                self.inverse,
-            )),
-            _ => candle_core::bail!("rope: x, cos and sin must share an f32/f64 CPU dtype"),
-        };
-        Ok((out, l.shape().clone()))
-    }
-
-    fn bwd(&self, _x: &Tensor, _y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        let inv = Rope {
-            cos: self.cos.clone(),
-            sin: self.sin.clone(),
-            inverse: !self.inverse,
-        };
-        Ok(Some(g.contiguous()?.apply_op1_no_bwd(&inv)?))
-    }
-}
-
-/// Differentiable rotate-half rope on x: (b, heads, s, d) with cos/sin: (b, s, d/2).
-pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    if cpu_float(x) {
-        let op = Rope {
-            cos: cos.contiguous()?,
-            sin: sin.contiguous()?,
-            inverse: false,
-        };
-        return x.contiguous()?.apply_op1(op);
-    }
-    rope_composite(x, cos, sin)
-}
-
-/// Rope from differentiable candle ops.
+/// Rotate-half rope on x: (b, heads, s, d) with cos/sin: (b, s, d/2), from differentiable
+/// candle ops (the fused CPU path rotates inside [`split_heads`]).
 pub fn rope_composite(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let cos = Tensor::cat(&[cos, cos], D::Minus1)?.unsqueeze(1)?;
     let sin = Tensor::cat(&[sin, sin], D::Minus1)?.unsqueeze(1)?;
@@ -869,11 +775,6 @@ mod tests {
             &[random(&[4, 3, 7], 5)],
             &|t| softmax_last_dim(&t[0]).unwrap(),
             &|t| softmax_composite(&t[0]).unwrap(),
-        );
-        check(
-            &[random(&[b, n, s, d], 6)],
-            &|t| rope(&t[0], &cos, &sin).unwrap(),
-            &|t| rope_composite(&t[0], &cos, &sin).unwrap(),
         );
         check(
             &[random(&[b * s, n * d], 7)],
