@@ -204,3 +204,37 @@ fn eval_runs_end_to_end_on_the_real_model() {
         serde_json::from_slice(&std::fs::read(&reports[1]).unwrap()).unwrap();
     assert_eq!(again["items"], r["items"]);
 }
+
+/// A hub id resolves through the standard Hugging Face cache (`$HF_HOME/hub`) without network;
+/// a file missing from the cache and an unreachable hub give a message that says what to do.
+#[test]
+fn hub_ids_load_from_the_cache_and_fail_clearly_offline() {
+    use candle_core::DType;
+    use pbrl::model::{tiny::tiny_model, Architecture};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let snapshot = d.join("hf/hub/models--tiny-org--tiny-llama/snapshots/0123abcd");
+    tiny_model(Architecture::Llama, true, 11, DType::F32).unwrap().save_hf_dir(&snapshot).unwrap();
+    std::fs::create_dir_all(d.join("hf/hub/models--tiny-org--tiny-llama/refs")).unwrap();
+    std::fs::write(d.join("hf/hub/models--tiny-org--tiny-llama/refs/main"), "0123abcd").unwrap();
+    let items = write(d, "e.jsonl", "{\"prompt\": \"w1 w2 w3\"}\n");
+    let cfg = write(
+        d,
+        "c.toml",
+        &format!("run_dir = \"run\"\nmax_new_tokens = 4\neval_num_samples = 1\n[task]\neval_file = \"{items}\"\nchat_template = false\n"),
+    );
+    let run = |model: &str| {
+        Command::new(env!("CARGO_BIN_EXE_pbrl"))
+            .args(["eval", "--config", &cfg, &format!("agent_model={model}")])
+            .current_dir(d)
+            .env("PBRL_THREADS", "1")
+            .env("HF_HOME", d.join("hf"))
+            .env("HF_ENDPOINT", "http://127.0.0.1:9") // nothing listens there: no network use
+            .output()
+            .unwrap()
+    };
+    let o = run("tiny-org/tiny-llama");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("eval/turn_1/reward_mean"));
+    assert_user_error(&run("tiny-org/not-cached"), "could not fetch `tiny-org/not-cached`");
+}
