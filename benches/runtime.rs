@@ -20,9 +20,7 @@ use serde_json::json;
 const SEQ: usize = 128;
 
 fn arg(args: &[String], name: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
 }
 
 fn peak_rss_mib() -> f64 {
@@ -67,10 +65,7 @@ fn train_rows(m: &LoadedModel) -> Result<Vec<ScoreRow>> {
                 completion.extend_from_slice(&unit);
             }
             completion.truncate(SEQ - prompt.len());
-            rows.push(ScoreRow {
-                prompt: prompt.clone(),
-                completion,
-            });
+            rows.push(ScoreRow { prompt: prompt.clone(), completion });
         }
     }
     Ok(rows)
@@ -79,26 +74,14 @@ fn train_rows(m: &LoadedModel) -> Result<Vec<ScoreRow>> {
 fn bench_train(m: &LoadedModel, steps: usize) -> Result<serde_json::Value> {
     let rows = train_rows(m)?;
     eprintln!("loaded: peak RSS {:.0} MiB", peak_rss_mib());
-    let params: Vec<(String, Var)> = m
-        .varmap
-        .data()
-        .lock()
-        .expect("lock")
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let params: Vec<(String, Var)> =
+        m.varmap.data().lock().expect("lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     let mut opt = AdamW::new(params, AdamWConfig::torch_defaults(1e-6))?;
     let beta = 0.1;
     let (mut fwd, mut bwd, mut adam, mut losses) = (vec![], vec![], vec![], vec![]);
     for step in 0..=steps {
         let t = Instant::now();
-        let lp = sequence_log_probs(
-            &m.model,
-            &rows,
-            LastToken::Include,
-            m.tokenizer.pad_id,
-            Mode::Train,
-        )?;
+        let lp = sequence_log_probs(&m.model, &rows, LastToken::Include, m.tokenizer.pad_id, Mode::Train)?;
         let lp = lp.reshape((2, 2))?; // (pair, [chosen, rejected])
         let margin = ((lp.narrow(1, 0, 1)? - lp.narrow(1, 1, 1)?)? * beta)?;
         // -log σ(z) = softplus(-z) = log(1 + e^{-z})
@@ -121,10 +104,8 @@ fn bench_train(m: &LoadedModel, steps: usize) -> Result<serde_json::Value> {
         losses.push(loss_value);
     }
     let (f, b, o) = (median(fwd), median(bwd), median(adam));
-    Ok(
-        json!({"forward_s": f, "backward_s": b, "adamw_s": o, "step_s": f + b + o, "losses": losses,
-              "peak_rss_mib": peak_rss_mib(), "rows": rows.iter().map(|r| json!({"prompt": r.prompt, "completion": r.completion})).collect::<Vec<_>>()}),
-    )
+    Ok(json!({"forward_s": f, "backward_s": b, "adamw_s": o, "step_s": f + b + o, "losses": losses,
+              "peak_rss_mib": peak_rss_mib(), "rows": rows.iter().map(|r| json!({"prompt": r.prompt, "completion": r.completion})).collect::<Vec<_>>()}))
 }
 
 fn bench_sample(m: &LoadedModel) -> Result<serde_json::Value> {
@@ -134,54 +115,25 @@ fn bench_sample(m: &LoadedModel) -> Result<serde_json::Value> {
         None,
         "Write a short story about a robot who learns to paint, in a few sentences.",
     )?)?;
-    let params = SamplingParams {
-        temperature: 0.6,
-        top_p: 0.9,
-        top_k: Some(50),
-        max_new_tokens: 64,
-    };
-    let requests: Vec<SampleRequest> = (0..8)
-        .map(|i| SampleRequest {
-            prompt: prompt.clone(),
-            seed: i,
-        })
-        .collect();
+    let params = SamplingParams { temperature: 0.6, top_p: 0.9, top_k: Some(50), max_new_tokens: 64 };
+    let requests: Vec<SampleRequest> = (0..8).map(|i| SampleRequest { prompt: prompt.clone(), seed: i }).collect();
     // Warm-up, then the timed run; no stop tokens, so every row makes all 64 tokens.
-    sample(
-        &m.model,
-        &requests[..1],
-        &SamplingParams {
-            max_new_tokens: 4,
-            ..params.clone()
-        },
-        &[],
-        tok.pad_id,
-        |_| {},
-    )?;
+    sample(&m.model, &requests[..1], &SamplingParams { max_new_tokens: 4, ..params.clone() }, &[], tok.pad_id, |_| {})?;
     let t = Instant::now();
     let out = sample(&m.model, &requests, &params, &[], tok.pad_id, |_| {})?;
     let secs = t.elapsed().as_secs_f64();
     let n: usize = out.iter().map(|o| o.len()).sum();
-    Ok(
-        json!({"tokens": n, "seconds": secs, "tokens_per_s": n as f64 / secs, "prompt_tokens": prompt.len(),
-              "prompt": prompt, "peak_rss_mib": peak_rss_mib()}),
-    )
+    Ok(json!({"tokens": n, "seconds": secs, "tokens_per_s": n as f64 / secs, "prompt_tokens": prompt.len(),
+              "prompt": prompt, "peak_rss_mib": peak_rss_mib()}))
 }
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let mode = args
-        .iter()
-        .skip(1)
-        .find(|a| *a == "sample" || *a == "train")
-        .cloned()
-        .context("mode: sample | train")?;
-    let model = arg(&args, "--model")
-        .unwrap_or_else(|| "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".into());
+    let mode =
+        args.iter().skip(1).find(|a| *a == "sample" || *a == "train").cloned().context("mode: sample | train")?;
+    let model = arg(&args, "--model").unwrap_or_else(|| "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".into());
     let threads = pbrl::device::init_threads(arg(&args, "--threads").and_then(|t| t.parse().ok()));
-    let steps = arg(&args, "--steps")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
+    let steps = arg(&args, "--steps").and_then(|s| s.parse().ok()).unwrap_or(3);
     let m = LoadedModel::load(&model, &Device::Cpu)?;
     let mut result = match mode.as_str() {
         "train" => bench_train(&m, steps)?,

@@ -20,11 +20,8 @@ pub struct Agent {
 impl Agent {
     /// The exact text this agent is given for an item: its template, then the chat template.
     pub fn prompt_for(&self, item: &TaskItem) -> Result<String> {
-        let user = render_template(&self.template, item)
-            .with_context(|| format!("agent {} prompt", self.index))?;
-        self.model
-            .tokenizer
-            .format_prompt(self.chat_template, self.system_prompt.as_deref(), &user)
+        let user = render_template(&self.template, item).with_context(|| format!("agent {} prompt", self.index))?;
+        self.model.tokenizer.format_prompt(self.chat_template, self.system_prompt.as_deref(), &user)
     }
 }
 
@@ -45,14 +42,11 @@ pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
         .map(|i| {
             let device = parse_device(&devices[i], &format!("agent_devices[{i}]"))?;
             let trained = run_dir.agent(i);
-            let source = if trained.join("config.json").is_file() {
-                trained.display().to_string()
-            } else {
-                sources[i].clone()
-            };
+            let source =
+                if trained.join("config.json").is_file() { trained.display().to_string() } else { sources[i].clone() };
             tracing::info!(agent = i, %source, "loading agent");
-            let model = LoadedModel::load(&source, &device)
-                .with_context(|| format!("loading agent {i} from `{source}`"))?;
+            let model =
+                LoadedModel::load(&source, &device).with_context(|| format!("loading agent {i} from `{source}`"))?;
             Ok(Agent {
                 index: i,
                 model,

@@ -4,11 +4,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "pbrl",
-    version,
-    about = "Train a team of LLM agents from preferences between their joint responses"
-)]
+#[command(name = "pbrl", version, about = "Train a team of LLM agents from preferences between their joint responses")]
 pub struct Cli {
     /// Threads for candle and rayon (default: PBRL_THREADS, else the physical cores).
     #[arg(long, global = true)]
@@ -22,8 +18,23 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Sample candidates from the current agents, score them with the oracle, build preference
+    /// pairs, write the next round file <replay dir>/iteration_NNNN.json.
+    Collect(CollectArgs),
     /// Sample from the agents, score with the task reward only, write a report.
     Eval(CommonArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CollectArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Write round N instead of the next free round number.
+    #[arg(long, value_name = "N")]
+    pub round: Option<u32>,
+    /// Replace the round file if it exists.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// What every subcommand takes.

@@ -27,9 +27,9 @@ fn opt<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>
     match OrNone::<T>::deserialize(d)? {
         OrNone::Value(v) => Ok(Some(v)),
         OrNone::Word(w) if matches!(w.to_lowercase().as_str(), "none" | "null" | "") => Ok(None),
-        OrNone::Word(w) => Err(serde::de::Error::custom(format!(
-            "invalid value `{w}` (use a value of the right type, or \"none\")"
-        ))),
+        OrNone::Word(w) => {
+            Err(serde::de::Error::custom(format!("invalid value `{w}` (use a value of the right type, or \"none\")")))
+        }
     }
 }
 
@@ -43,20 +43,13 @@ pub enum DeviceSpec {
 
 impl DeviceSpec {
     /// The device string of each of `n` actors.
-    pub fn resolve(
-        spec: Option<&DeviceSpec>,
-        n: usize,
-        key: &str,
-    ) -> Result<Vec<String>, ConfigError> {
+    pub fn resolve(spec: Option<&DeviceSpec>, n: usize, key: &str) -> Result<Vec<String>, ConfigError> {
         match spec {
             None => Ok(vec!["cpu".to_string(); n]),
             Some(DeviceSpec::One(s)) if s == "auto" => Ok(vec!["cpu".to_string(); n]),
             Some(DeviceSpec::One(s)) => Ok(vec![s.clone(); n]),
             Some(DeviceSpec::PerActor(v)) if v.len() == n => Ok(v.clone()),
-            Some(DeviceSpec::PerActor(v)) => err(format!(
-                "{key} has {} entries but there are {n} actors",
-                v.len()
-            )),
+            Some(DeviceSpec::PerActor(v)) => err(format!("{key} has {} entries but there are {n} actors", v.len())),
         }
     }
 }
@@ -101,12 +94,7 @@ pub struct RewardConfig {
 
 impl Default for RewardConfig {
     fn default() -> Self {
-        Self {
-            kind: "length_ratio".into(),
-            scale: 1.0,
-            shift: 0.0,
-            params: toml::Table::new(),
-        }
+        Self { kind: "length_ratio".into(), scale: 1.0, shift: 0.0, params: toml::Table::new() }
     }
 }
 
@@ -123,6 +111,16 @@ pub struct Config {
     pub agents: Option<Vec<String>>,
     /// Score the last completion token in the decentralized scorer (the reference drops it).
     pub score_last_token: bool,
+    /// Seconds to wait for a `kind = "command"` reward program's answer.
+    pub reward_timeout_s: f64,
+    /// Task items per sampling batch during collection (each brings all its candidates).
+    pub collect_batch_size: i64,
+    /// [min, max] of the oracle's raw rewards, for `log_reward_distribution`.
+    pub reward_range: Option<[f64; 2]>,
+    /// Write per-round reward histograms to `<run_dir>/reward_distributions/`.
+    pub log_reward_distribution: bool,
+    /// Where round files go (default `<run_dir>/preference_replay`).
+    pub preference_replay_dir: Option<PathBuf>,
 
     // --- reference MADPOConfig fields -------------------------------------------------------
     pub num_train_epochs: i64,
@@ -174,6 +172,11 @@ impl Default for Config {
             agent_model: None,
             agents: None,
             score_last_token: false,
+            reward_timeout_s: 60.0,
+            collect_batch_size: 1,
+            reward_range: None,
+            log_reward_distribution: false,
+            preference_replay_dir: None,
             num_train_epochs: 20,
             agent_learning_rate: 5e-6,
             logging_steps: 50,
@@ -235,19 +238,14 @@ impl Override {
             .ok()
             .and_then(|mut t| t.remove("v"))
             .unwrap_or_else(|| toml::Value::String(raw.to_string()));
-        Ok(Self {
-            key: key.to_string(),
-            value,
-        })
+        Ok(Self { key: key.to_string(), value })
     }
 
     fn apply(&self, table: &mut toml::Table) -> Result<(), ConfigError> {
         let parts: Vec<&str> = self.key.split('.').collect();
         let mut t = table;
         for p in &parts[..parts.len() - 1] {
-            let entry = t
-                .entry(p.to_string())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            let entry = t.entry(p.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
             t = match entry {
                 toml::Value::Table(inner) => inner,
                 _ => return err(format!("override `{}`: `{p}` is not a table", self.key)),
@@ -266,9 +264,7 @@ pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) ->
         for (i, ca) in a.chars().enumerate() {
             let mut cur = vec![i + 1; b.len() + 1];
             for (j, &cb) in b.iter().enumerate() {
-                cur[j + 1] = (prev[j] + (ca != cb) as usize)
-                    .min(prev[j + 1] + 1)
-                    .min(cur[j] + 1);
+                cur[j + 1] = (prev[j] + (ca != cb) as usize).min(prev[j + 1] + 1).min(cur[j] + 1);
             }
             prev = cur;
         }
@@ -295,16 +291,9 @@ impl Config {
     }
 
     /// `origin` names the file in messages.
-    pub fn from_toml_str(
-        text: &str,
-        origin: &str,
-        overrides: &[Override],
-    ) -> Result<Self, ConfigError> {
+    pub fn from_toml_str(text: &str, origin: &str, overrides: &[Override]) -> Result<Self, ConfigError> {
         let mut table: toml::Table = toml::from_str(text).map_err(|e| {
-            let line = e
-                .span()
-                .map(|s| format!(" line {}", line_of(text, s.start)))
-                .unwrap_or_default();
+            let line = e.span().map(|s| format!(" line {}", line_of(text, s.start))).unwrap_or_default();
             ConfigError(format!("{origin}{line}: {}", e.message()))
         })?;
         for o in overrides {
@@ -312,8 +301,7 @@ impl Config {
         }
         let mut cfg: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
             .map_err(|e| describe_de_error(&e, text, origin, overrides))?;
-        cfg.normalize_and_validate()
-            .map_err(|e| ConfigError(format!("{origin}: {}", e.0)))?;
+        cfg.normalize_and_validate().map_err(|e| ConfigError(format!("{origin}: {}", e.0)))?;
         Ok(cfg)
     }
 
@@ -325,6 +313,11 @@ impl Config {
     /// Pairs per preference update (train_batch_size, defaulting to rollout_buffer_size).
     pub fn pairs_per_update(&self) -> usize {
         self.train_batch_size.unwrap_or(self.rollout_buffer_size) as usize
+    }
+
+    /// Where round files live.
+    pub fn replay_dir(&self) -> PathBuf {
+        self.preference_replay_dir.clone().unwrap_or_else(|| self.run_dir.join("preference_replay"))
     }
 
     /// The model source of each agent.
@@ -340,10 +333,7 @@ impl Config {
 
     /// Reference validation (MADPOConfig.__post_init__), in the reference's order, plus pbrl's.
     fn normalize_and_validate(&mut self) -> Result<(), ConfigError> {
-        if !matches!(
-            self.collaboration_mode.as_str(),
-            "decentralized" | "centralized"
-        ) {
+        if !matches!(self.collaboration_mode.as_str(), "decentralized" | "centralized") {
             return err("collaboration_mode must be 'decentralized' or 'centralized'.");
         }
         if self.num_train_epochs < 1 {
@@ -400,25 +390,16 @@ impl Config {
             return err("environment_steps_per_pair must be >= 1.");
         }
         self.pair_selection = self.pair_selection.trim().to_lowercase();
-        if !matches!(
-            self.pair_selection.as_str(),
-            "reward_gap" | "all" | "random"
-        ) {
+        if !matches!(self.pair_selection.as_str(), "reward_gap" | "all" | "random") {
             return err("pair_selection must be one of: reward_gap, all, random.");
         }
         if self.pair_selection == "all" && self.preference_pairs_per_sample.is_some() {
             return err("preference_pairs_per_sample must be null when pair_selection='all'.");
         }
-        if !matches!(
-            self.joint_mode.trim().to_lowercase().as_str(),
-            "align" | "aligned"
-        ) {
+        if !matches!(self.joint_mode.trim().to_lowercase().as_str(), "align" | "aligned") {
             return err("joint_mode must be 'aligned' (the only supported joint mode).");
         }
-        if !matches!(
-            self.advantage_mode.as_str(),
-            "mean" | "raw" | "max" | "rloo"
-        ) {
+        if !matches!(self.advantage_mode.as_str(), "mean" | "raw" | "max" | "rloo") {
             return err("advantage_mode must be one of: mean, raw, max, rloo.");
         }
         // pbrl's own rules.
@@ -441,14 +422,25 @@ impl Config {
         }
         if let Some(s) = &self.task.system_prompts {
             if s.len() != 1 && s.len() != n {
-                return err(format!(
-                    "task.system_prompts has {} entries; give one or one per agent ({n})",
-                    s.len()
-                ));
+                return err(format!("task.system_prompts has {} entries; give one or one per agent ({n})", s.len()));
             }
         }
         if !self.reward.scale.is_finite() || !self.reward.shift.is_finite() {
             return err("reward.scale and reward.shift must be finite numbers.");
+        }
+        if !(self.reward_timeout_s > 0.0 && self.reward_timeout_s.is_finite()) {
+            return err("reward_timeout_s must be a positive number of seconds.");
+        }
+        if self.collect_batch_size < 1 {
+            return err("collect_batch_size must be >= 1.");
+        }
+        if let Some([lo, hi]) = self.reward_range {
+            if !(lo.is_finite() && hi.is_finite() && lo < hi) {
+                return err("reward_range must be [min, max] with min < max.");
+            }
+        }
+        if self.log_reward_distribution && self.reward_range.is_none() {
+            return err("log_reward_distribution needs reward_range = [min, max] (the histogram's range).");
         }
         DeviceSpec::resolve(self.agent_devices.as_ref(), n, "agent_devices")?;
         Ok(())
@@ -469,10 +461,7 @@ fn describe_de_error(
         let (key, expected) = rest.split_once('`').unwrap_or((rest, ""));
         // The error's path ends with the unknown key itself.
         let path = e.path().to_string();
-        let parent = path
-            .rsplit_once('.')
-            .map(|(p, _)| p.to_string())
-            .unwrap_or_default();
+        let parent = path.rsplit_once('.').map(|(p, _)| p.to_string()).unwrap_or_default();
         let qualify = |k: &str| {
             if parent.is_empty() {
                 k.to_string()
@@ -493,9 +482,7 @@ fn describe_de_error(
                 .lines()
                 .position(|l| {
                     l.trim_start().starts_with(key)
-                        && l[l.find(key).unwrap() + key.len()..]
-                            .trim_start()
-                            .starts_with('=')
+                        && l[l.find(key).unwrap() + key.len()..].trim_start().starts_with('=')
                 })
                 .map(|i| format!(" line {}", i + 1))
                 .unwrap_or_default();
@@ -512,10 +499,7 @@ mod tests {
     use super::*;
 
     fn load(text: &str, overrides: &[&str]) -> Result<Config, ConfigError> {
-        let o: Vec<Override> = overrides
-            .iter()
-            .map(|s| Override::parse(s).unwrap())
-            .collect();
+        let o: Vec<Override> = overrides.iter().map(|s| Override::parse(s).unwrap()).collect();
         Config::from_toml_str(text, "test.toml", &o)
     }
 
@@ -535,104 +519,60 @@ mod tests {
         assert_eq!(c.max_new_tokens, 256);
         assert_eq!((c.temperature, c.top_p, c.top_k), (0.6, 0.6, Some(50)));
         assert_eq!(c.eval_interval, 16);
-        assert_eq!(
-            c.pairs_per_update(),
-            2,
-            "train_batch_size defaults to rollout_buffer_size"
-        );
+        assert_eq!(c.pairs_per_update(), 2, "train_batch_size defaults to rollout_buffer_size");
     }
 
     /// Every validation rule, with its message.
     #[test]
     fn each_rule_reports_its_message() {
         let cases: &[(&str, &str)] = &[
-            (
-                "collaboration_mode = \"central\"",
-                "collaboration_mode must be 'decentralized' or 'centralized'.",
-            ),
+            ("collaboration_mode = \"central\"", "collaboration_mode must be 'decentralized' or 'centralized'."),
             ("num_train_epochs = 0", "num_train_epochs must be >= 1."),
             ("num_agents = 0", "num_agents must be >= 1."),
-            (
-                "rollout_buffer_size = 0",
-                "rollout_buffer_size must be >= 1.",
-            ),
+            ("rollout_buffer_size = 0", "rollout_buffer_size must be >= 1."),
             ("eval_interval = -1", "eval_interval must be >= 0."),
             ("eval_num_samples = -1", "eval_num_samples must be >= 0."),
             ("eval_batch_size = 0", "eval_batch_size must be >= 1."),
             ("num_turns = 0", "num_turns must be >= 1."),
             ("logging_steps = 0", "logging_steps must be >= 1."),
             ("train_batch_size = 0", "train_batch_size must be >= 1."),
-            (
-                "parallel_training = \"ddp\"",
-                "parallel_training must be one of: none, mp.",
-            ),
-            (
-                "parallel_training = \"MP\"",
-                "parallel_training='mp' requires agent_devices.",
-            ),
-            (
-                "reference_kl_coef = -0.1",
-                "reference_kl_coef must be >= 0.",
-            ),
-            (
-                "num_turns = 2",
-                "MADPO currently supports num_turns=1 only.",
-            ),
-            (
-                "preference_num_candidates = 1",
-                "preference_num_candidates must be >= 2.",
-            ),
-            (
-                "preference_pairs_per_sample = 0",
-                "preference_pairs_per_sample must be null or >= 1.",
-            ),
+            ("parallel_training = \"ddp\"", "parallel_training must be one of: none, mp."),
+            ("parallel_training = \"MP\"", "parallel_training='mp' requires agent_devices."),
+            ("reference_kl_coef = -0.1", "reference_kl_coef must be >= 0."),
+            ("num_turns = 2", "MADPO currently supports num_turns=1 only."),
+            ("preference_num_candidates = 1", "preference_num_candidates must be >= 2."),
+            ("preference_pairs_per_sample = 0", "preference_pairs_per_sample must be null or >= 1."),
             ("dpo_beta = 0.0", "dpo_beta must be > 0."),
-            (
-                "environment_steps_per_pair = 0",
-                "environment_steps_per_pair must be >= 1.",
-            ),
-            (
-                "pair_selection = \"best\"",
-                "pair_selection must be one of: reward_gap, all, random.",
-            ),
-            (
-                "pair_selection = \"all\"",
-                "preference_pairs_per_sample must be null when pair_selection='all'.",
-            ),
+            ("environment_steps_per_pair = 0", "environment_steps_per_pair must be >= 1."),
+            ("pair_selection = \"best\"", "pair_selection must be one of: reward_gap, all, random."),
+            ("pair_selection = \"all\"", "preference_pairs_per_sample must be null when pair_selection='all'."),
             ("joint_mode = \"cross\"", "joint_mode must be 'aligned'"),
-            (
-                "advantage_mode = \"median\"",
-                "advantage_mode must be one of: mean, raw, max, rloo.",
-            ),
+            ("advantage_mode = \"median\"", "advantage_mode must be one of: mean, raw, max, rloo."),
             ("max_new_tokens = 0", "max_new_tokens must be >= 1."),
             ("temperature = -1.0", "temperature must be >= 0"),
             ("top_p = 0.0", "top_p must be in (0, 1]."),
             ("top_k = 0", "top_k must be null or >= 1."),
-            (
-                "[task]\nformatters = [\"a\", \"b\", \"c\"]",
-                "task.formatters has 3 templates",
-            ),
-            (
-                "[task]\nsystem_prompts = [\"a\", \"b\", \"c\"]",
-                "task.system_prompts has 3 entries",
-            ),
-            (
-                "agent_devices = [\"cpu\"]",
-                "agent_devices has 1 entries but there are 2 actors",
-            ),
+            ("[task]\nformatters = [\"a\", \"b\", \"c\"]", "task.formatters has 3 templates"),
+            ("[task]\nsystem_prompts = [\"a\", \"b\", \"c\"]", "task.system_prompts has 3 entries"),
+            ("agent_devices = [\"cpu\"]", "agent_devices has 1 entries but there are 2 actors"),
+            ("reward_timeout_s = 0.0", "reward_timeout_s must be a positive number of seconds."),
+            ("collect_batch_size = 0", "collect_batch_size must be >= 1."),
+            ("reward_range = [1.0, 0.0]", "reward_range must be [min, max] with min < max."),
+            ("log_reward_distribution = true", "log_reward_distribution needs reward_range = [min, max]"),
         ];
         for (text, want) in cases {
             let m = message(text, &[]);
-            assert!(
-                m.starts_with("test.toml: ") && m.contains(want),
-                "{text:?}: got {m:?}, want {want:?}"
-            );
+            assert!(m.starts_with("test.toml: ") && m.contains(want), "{text:?}: got {m:?}, want {want:?}");
         }
     }
 
     #[test]
     fn normalizations_and_none_values() {
-        let c = load("pair_selection = \" ALL \"\npreference_pairs_per_sample = \"none\"\nparallel_training = \"null\"", &[]).unwrap();
+        let c = load(
+            "pair_selection = \" ALL \"\npreference_pairs_per_sample = \"none\"\nparallel_training = \"null\"",
+            &[],
+        )
+        .unwrap();
         assert_eq!(c.pair_selection, "all");
         assert_eq!(c.preference_pairs_per_sample, None);
         assert_eq!(c.parallel_training, "none");
@@ -653,10 +593,7 @@ mod tests {
             message("", &["max_new_token=3"]),
             "command-line override: unknown key `max_new_token`; did you mean `max_new_tokens`?"
         );
-        assert_eq!(
-            message("", &["zzzzzzzzzzzz=1"]),
-            "command-line override: unknown key `zzzzzzzzzzzz`"
-        );
+        assert_eq!(message("", &["zzzzzzzzzzzz=1"]), "command-line override: unknown key `zzzzzzzzzzzz`");
     }
 
     #[test]
@@ -682,10 +619,7 @@ mod tests {
         assert_eq!(c.agent_learning_rate, 2e-5);
         assert_eq!(c.task.eval_file.as_deref(), Some(Path::new("data/x.jsonl")));
         assert_eq!(c.task.formatters, vec!["{prompt}!"]);
-        assert_eq!(
-            Override::parse("comparator_policy=model").unwrap().value,
-            toml::Value::String("model".into())
-        );
+        assert_eq!(Override::parse("comparator_policy=model").unwrap().value, toml::Value::String("model".into()));
         assert!(Override::parse("novalue").is_err());
         assert!(message("seed = 1", &["seed.x=1"]).contains("`seed` is not a table"));
         assert!(message("", &["seed.x=1"]).contains("`seed`"));
@@ -693,35 +627,15 @@ mod tests {
 
     #[test]
     fn resolved_config_round_trips() {
-        let c = load(
-            "seed = 7\n[reward]\nkind = \"length_ratio\"\ntarget_min = 1.5",
-            &[],
-        )
-        .unwrap();
+        let c = load("seed = 7\n[reward]\nkind = \"length_ratio\"\ntarget_min = 1.5", &[]).unwrap();
         let again = Config::from_toml_str(&c.to_toml(), "resolved", &[]).unwrap();
         assert_eq!(c, again);
     }
 
     #[test]
     fn agent_sources() {
-        assert!(load("", &[])
-            .unwrap()
-            .agent_sources()
-            .unwrap_err()
-            .0
-            .contains("agent_model"));
-        assert_eq!(
-            load("agent_model = \"m.gguf\"", &[])
-                .unwrap()
-                .agent_sources()
-                .unwrap(),
-            vec!["m.gguf", "m.gguf"]
-        );
-        assert!(load("agents = [\"a\"]", &[])
-            .unwrap()
-            .agent_sources()
-            .unwrap_err()
-            .0
-            .contains("num_agents is 2"));
+        assert!(load("", &[]).unwrap().agent_sources().unwrap_err().0.contains("agent_model"));
+        assert_eq!(load("agent_model = \"m.gguf\"", &[]).unwrap().agent_sources().unwrap(), vec!["m.gguf", "m.gguf"]);
+        assert!(load("agents = [\"a\"]", &[]).unwrap().agent_sources().unwrap_err().0.contains("num_agents is 2"));
     }
 }

@@ -10,9 +10,7 @@ pub fn parse_device(spec: &str, role: &str) -> Result<Device> {
     }
     let ordinal = match s.as_str() {
         "cuda" => Some(0),
-        _ => s
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse::<usize>().ok()),
+        _ => s.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()),
     };
     let Some(ordinal) = ordinal else {
         bail!("{role}: unknown device `{spec}` (use `cpu` or `cuda:N`)");
@@ -22,8 +20,7 @@ pub fn parse_device(spec: &str, role: &str) -> Result<Device> {
 
 #[cfg(feature = "cuda")]
 fn cuda_device(ordinal: usize, role: &str) -> Result<Device> {
-    Device::new_cuda(ordinal)
-        .map_err(|e| anyhow::anyhow!("{role}: cannot open cuda:{ordinal}: {e}"))
+    Device::new_cuda(ordinal).map_err(|e| anyhow::anyhow!("{role}: cannot open cuda:{ordinal}: {e}"))
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -35,19 +32,13 @@ fn cuda_device(ordinal: usize, role: &str) -> Result<Device> {
 /// physical cores. Set before any kernel runs, since oversubscription collapses throughput.
 pub fn init_threads(requested: Option<usize>) -> usize {
     let n = requested
-        .or_else(|| {
-            std::env::var("PBRL_THREADS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-        })
+        .or_else(|| std::env::var("PBRL_THREADS").ok().and_then(|v| v.parse().ok()))
         .filter(|&n| n > 0)
         .unwrap_or_else(num_cpus::get_physical);
     // candle reads RAYON_NUM_THREADS (gemm, rayon) and CANDLE_NUM_THREADS (its barrier pool).
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     std::env::set_var("CANDLE_NUM_THREADS", n.to_string());
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
-        .build_global();
+    let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
     keep_freed_memory();
     n
 }

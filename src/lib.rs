@@ -8,6 +8,7 @@ pub mod config;
 pub mod device;
 pub mod model;
 pub mod optim;
+pub mod prefs;
 pub mod progress;
 pub mod rng;
 pub mod run_dir;

@@ -30,21 +30,13 @@ fn init_logging(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("pbrl={default},warn")));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
 }
 
 /// Load the config with its overrides; `None` when only --print-config was asked.
 fn load_config(args: &CommonArgs) -> Result<Option<(Config, RunDir)>> {
-    let overrides = args
-        .set
-        .iter()
-        .chain(args.overrides.iter())
-        .map(|s| Override::parse(s))
-        .collect::<Result<Vec<_>, _>>()?;
+    let overrides =
+        args.set.iter().chain(args.overrides.iter()).map(|s| Override::parse(s)).collect::<Result<Vec<_>, _>>()?;
     let mut cfg = Config::load(&args.config, &overrides)?;
     if let Some(d) = &args.run_dir {
         cfg.run_dir = d.clone();
@@ -60,6 +52,11 @@ fn load_config(args: &CommonArgs) -> Result<Option<(Config, RunDir)>> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Collect(args) => {
+            let Some((cfg, run_dir)) = load_config(&args.common)? else { return Ok(()) };
+            let opts = pbrl::stages::collect::CollectOptions { round: args.round, force: args.force };
+            pbrl::stages::collect::run(&cfg, &run_dir, &opts)?;
+        }
         Command::Eval(args) => {
             let Some((cfg, run_dir)) = load_config(&args)? else {
                 return Ok(());

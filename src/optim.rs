@@ -24,13 +24,7 @@ pub struct AdamWConfig {
 impl AdamWConfig {
     /// torch.optim.AdamW's defaults with the given learning rate.
     pub fn torch_defaults(lr: f64) -> Self {
-        Self {
-            lr,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-        }
+        Self { lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }
     }
 }
 
@@ -73,11 +67,7 @@ impl AdamW {
                 Ok(Slot { name, var, moments })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            config,
-            slots,
-            step: 0,
-        })
+        Ok(Self { config, slots, step: 0 })
     }
 
     /// One update of every parameter that has a gradient in `grads`.
@@ -92,12 +82,7 @@ impl AdamW {
             };
             match &slot.moments {
                 Moments::Host(mv) => {
-                    let op = FusedAdamW {
-                        c,
-                        bc1,
-                        bc2,
-                        moments: mv,
-                    };
+                    let op = FusedAdamW { c, bc1, bc2, moments: mv };
                     slot.var
                         .as_tensor()
                         .inplace_op2(&g.contiguous()?, &op)
@@ -157,18 +142,11 @@ impl candle_core::InplaceOp2 for FusedAdamW<'_> {
         "fused-adamw"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &mut CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<()> {
+    fn cpu_fwd(&self, s1: &mut CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<()> {
         let (CpuStorage::F32(p), CpuStorage::F32(g)) = (s1, s2) else {
             candle_core::bail!("fused-adamw expects f32 parameters and gradients")
         };
-        let (Some((p0, p1)), Some((g0, g1))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
-        else {
+        let (Some((p0, p1)), Some((g0, g1))) = (l1.contiguous_offsets(), l2.contiguous_offsets()) else {
             candle_core::bail!("fused-adamw expects contiguous tensors")
         };
         let p = &mut p[p0..p1];
@@ -209,22 +187,14 @@ mod tests {
     #[test]
     fn fused_update_matches_reference_formula() {
         let dev = Device::Cpu;
-        let p0: Vec<f32> = (0..1000)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
-            .collect();
+        let p0: Vec<f32> = (0..1000).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
         let var = Var::from_tensor(&Tensor::from_vec(p0.clone(), 1000, &dev).unwrap()).unwrap();
         let cfg = AdamWConfig::torch_defaults(1e-2);
         let mut opt = AdamW::new(vec![("w".into(), var.clone())], cfg).unwrap();
-        let (mut p, mut m, mut v) = (
-            p0.iter().map(|&x| x as f64).collect::<Vec<_>>(),
-            vec![0f64; 1000],
-            vec![0f64; 1000],
-        );
+        let (mut p, mut m, mut v) =
+            (p0.iter().map(|&x| x as f64).collect::<Vec<_>>(), vec![0f64; 1000], vec![0f64; 1000]);
         for t in 1..=5 {
-            let loss = (var.as_tensor().sqr().unwrap() * (t as f64))
-                .unwrap()
-                .sum_all()
-                .unwrap();
+            let loss = (var.as_tensor().sqr().unwrap() * (t as f64)).unwrap().sum_all().unwrap();
             let grads = loss.backward().unwrap();
             let g: Vec<f32> = grads.get(var.as_tensor()).unwrap().to_vec1().unwrap();
             opt.step(&grads).unwrap();
@@ -239,12 +209,7 @@ mod tests {
             }
             let got: Vec<f32> = var.as_tensor().to_vec1().unwrap();
             for i in 0..1000 {
-                assert!(
-                    (got[i] as f64 - p[i]).abs() < 1e-5,
-                    "step {t} elem {i}: {} vs {}",
-                    got[i],
-                    p[i]
-                );
+                assert!((got[i] as f64 - p[i]).abs() < 1e-5, "step {t} elem {i}: {} vs {}", got[i], p[i]);
             }
         }
         assert_eq!(opt.step, 5);

@@ -18,6 +18,7 @@ pub fn derive_seed(seed: u64, path: &[u64]) -> u64 {
 pub mod purpose {
     pub const EVAL: u64 = 1;
     pub const COLLECT: u64 = 2;
+    pub const PAIRS: u64 = 3;
 }
 
 #[cfg(test)]

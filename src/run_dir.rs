@@ -6,18 +6,11 @@ use anyhow::{Context, Result};
 /// Write a file atomically: a temporary sibling, fsync, then rename over the target.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
-    let parent = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    let name = path
-        .file_name()
-        .context("atomic_write needs a file name")?
-        .to_string_lossy();
+    let name = path.file_name().context("atomic_write needs a file name")?.to_string_lossy();
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    let mut f =
-        std::fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+    let mut f = std::fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
     f.write_all(bytes)?;
     f.sync_all()?;
     drop(f);

@@ -6,12 +6,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn pbrl(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pbrl"))
-        .args(args)
-        .current_dir(cwd)
-        .env("PBRL_THREADS", "1")
-        .output()
-        .unwrap()
+    Command::new(env!("CARGO_BIN_EXE_pbrl")).args(args).current_dir(cwd).env("PBRL_THREADS", "1").output().unwrap()
 }
 
 fn stderr(o: &Output) -> String {
@@ -28,10 +23,7 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 fn assert_user_error(o: &Output, needle: &str) {
     let e = stderr(o);
     assert_eq!(o.status.code(), Some(2), "stderr: {e}");
-    assert!(
-        e.starts_with("error: ") && e.trim_end().lines().count() == 1,
-        "not one line: {e:?}"
-    );
+    assert!(e.starts_with("error: ") && e.trim_end().lines().count() == 1, "not one line: {e:?}");
     assert!(e.contains(needle), "{e:?} should mention {needle:?}");
     assert!(!e.contains("panicked") && !e.contains("backtrace"), "{e}");
 }
@@ -40,11 +32,7 @@ fn assert_user_error(o: &Output, needle: &str) {
 fn user_errors_are_one_line_with_exit_code_2() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let cfg = write(
-        d,
-        "c.toml",
-        "agent_model = \"nowhere/x.gguf\"\ndpo_betta = 0.1\n",
-    );
+    let cfg = write(d, "c.toml", "agent_model = \"nowhere/x.gguf\"\ndpo_betta = 0.1\n");
     assert_user_error(
         &pbrl(&["eval", "--config", &cfg], d),
         "c.toml line 2: unknown key `dpo_betta`; did you mean `dpo_beta`?",
@@ -54,61 +42,24 @@ fn user_errors_are_one_line_with_exit_code_2() {
         &pbrl(&["eval", "--config", &cfg, "pair_selection=all"], d),
         "preference_pairs_per_sample must be null when pair_selection='all'.",
     );
-    assert_user_error(
-        &pbrl(&["eval", "--config", &cfg, "--set", "max_new_tokens"], d),
-        "is not KEY=VALUE",
-    );
-    assert_user_error(
-        &pbrl(&["eval", "--config", "missing.toml"], d),
-        "cannot read config missing.toml",
-    );
-    assert_user_error(
-        &pbrl(&["eval", "--config", &cfg], d),
-        "task.eval_file is not set",
-    );
+    assert_user_error(&pbrl(&["eval", "--config", &cfg, "--set", "max_new_tokens"], d), "is not KEY=VALUE");
+    assert_user_error(&pbrl(&["eval", "--config", "missing.toml"], d), "cannot read config missing.toml");
+    assert_user_error(&pbrl(&["eval", "--config", &cfg], d), "task.eval_file is not set");
     let items = write(d, "e.jsonl", "{\"prompt\": \"hi\"}\n");
     let set = format!("task.eval_file={items}");
     assert_user_error(
-        &pbrl(
-            &[
-                "eval",
-                "--config",
-                &cfg,
-                &set,
-                "agent_model=models/none.gguf",
-            ],
-            d,
-        ),
+        &pbrl(&["eval", "--config", &cfg, &set, "agent_model=models/none.gguf"], d),
         "scripts/fetch-model.sh",
     );
     let model = common::smollm2().display().to_string();
     let m = format!("agent_model={model}");
     assert_user_error(
-        &pbrl(
-            &[
-                "eval",
-                "--config",
-                &cfg,
-                &set,
-                &m,
-                "agent_devices=[\"cpu\", \"cuda:0\"]",
-            ],
-            d,
-        ),
+        &pbrl(&["eval", "--config", &cfg, &set, &m, "agent_devices=[\"cpu\", \"cuda:0\"]"], d),
         "agent_devices[1]: `cuda:0` needs a pbrl built with the `cuda` feature",
     );
     let bad_items = write(d, "bad.jsonl", "{\"prompt\": \"hi\"}\nnot json\n");
     assert_user_error(
-        &pbrl(
-            &[
-                "eval",
-                "--config",
-                &cfg,
-                &format!("task.eval_file={bad_items}"),
-                &m,
-            ],
-            d,
-        ),
+        &pbrl(&["eval", "--config", &cfg, &format!("task.eval_file={bad_items}"), &m], d),
         "bad.jsonl line 2: invalid JSON",
     );
 }
@@ -117,34 +68,24 @@ fn user_errors_are_one_line_with_exit_code_2() {
 fn print_config_shows_the_resolved_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = write(dir.path(), "c.toml", "seed = 3\n");
-    let o = pbrl(
-        &["eval", "--config", &cfg, "--print-config", "dpo_beta=0.5"],
-        dir.path(),
-    );
+    let o = pbrl(&["eval", "--config", &cfg, "--print-config", "dpo_beta=0.5"], dir.path());
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
-    for line in [
-        "seed = 3",
-        "dpo_beta = 0.5",
-        "preference_num_candidates = 80",
-        "pair_selection = \"reward_gap\"",
-    ] {
-        assert!(
-            out.lines().any(|l| l == line),
-            "missing {line:?} in:\n{out}"
-        );
+    for line in ["seed = 3", "dpo_beta = 0.5", "preference_num_candidates = 80", "pair_selection = \"reward_gap\""] {
+        assert!(out.lines().any(|l| l == line), "missing {line:?} in:\n{out}");
     }
-    assert!(
-        !dir.path().join("runs").exists(),
-        "--print-config writes nothing"
-    );
+    assert!(!dir.path().join("runs").exists(), "--print-config writes nothing");
 }
 
 #[test]
 fn eval_runs_end_to_end_on_the_real_model() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let items = write(d, "eval.jsonl", "{\"prompt\": \"Describe the sea.\"}\n{\"prompt\": \"Explain rain.\"}\n{\"prompt\": \"unused\"}\n");
+    let items = write(
+        d,
+        "eval.jsonl",
+        "{\"prompt\": \"Describe the sea.\"}\n{\"prompt\": \"Explain rain.\"}\n{\"prompt\": \"unused\"}\n",
+    );
     let cfg = write(
         d,
         "c.toml",
@@ -158,28 +99,15 @@ fn eval_runs_end_to_end_on_the_real_model() {
     assert!(o.status.success(), "{}", stderr(&o));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("eval/turn_1/reward_mean"), "{stdout}");
-    let reports: Vec<_> = std::fs::read_dir(d.join("run/eval"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let reports: Vec<_> = std::fs::read_dir(d.join("run/eval")).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(reports.len(), 1);
-    let r: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&reports[0]).unwrap()).unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&reports[0]).unwrap()).unwrap();
     let items = r["items"].as_array().unwrap();
     assert_eq!(items.len(), 2);
     let mean = r["metrics"]["eval/turn_1/reward_mean"].as_f64().unwrap();
-    let by_hand = items
-        .iter()
-        .map(|i| i["reward"].as_f64().unwrap())
-        .sum::<f64>()
-        / 2.0;
+    let by_hand = items.iter().map(|i| i["reward"].as_f64().unwrap()).sum::<f64>() / 2.0;
     assert!((mean - by_hand).abs() < 1e-12);
-    assert_eq!(
-        r["metrics"]["eval/turn_1/expected_return"]
-            .as_f64()
-            .unwrap(),
-        mean
-    );
+    assert_eq!(r["metrics"]["eval/turn_1/expected_return"].as_f64().unwrap(), mean);
     let prompt0 = items[0]["prompts"][0].as_str().unwrap();
     assert!(
         prompt0.starts_with("<|im_start|>system\n")
@@ -194,14 +122,10 @@ fn eval_runs_end_to_end_on_the_real_model() {
     // Same config and seed: the same completions (a second report, the first kept).
     let o = pbrl(&["eval", "--config", &cfg], d);
     assert!(o.status.success(), "{}", stderr(&o));
-    let mut reports: Vec<_> = std::fs::read_dir(d.join("run/eval"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let mut reports: Vec<_> = std::fs::read_dir(d.join("run/eval")).unwrap().map(|e| e.unwrap().path()).collect();
     reports.sort();
     assert_eq!(reports.len(), 2);
-    let again: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&reports[1]).unwrap()).unwrap();
+    let again: serde_json::Value = serde_json::from_slice(&std::fs::read(&reports[1]).unwrap()).unwrap();
     assert_eq!(again["items"], r["items"]);
 }
 

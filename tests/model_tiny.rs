@@ -10,22 +10,13 @@ use pbrl::model::tiny::tiny_model;
 use pbrl::model::{Architecture, LoadedModel, Mode};
 
 fn rows() -> Vec<Vec<u32>> {
-    vec![
-        vec![5, 9, 13, 7, 22, 31],
-        vec![3, 4],
-        vec![11, 12, 38, 20],
-        vec![6],
-    ]
+    vec![vec![5, 9, 13, 7, 22, 31], vec![3, 4], vec![11, 12, 38, 20], vec![6]]
 }
 
 /// Logits of one unpadded sequence: (len, vocab).
 fn single_logits(m: &LoadedModel, ids: &[u32], mode: Mode) -> Tensor {
     let b = PaddedBatch::new(&[ids.to_vec()], 0, Padding::Right, &Device::Cpu).unwrap();
-    m.model
-        .forward(&b.ids, &b.positions, &b.bias, None, mode)
-        .unwrap()
-        .squeeze(0)
-        .unwrap()
+    m.model.forward(&b.ids, &b.positions, &b.bias, None, mode).unwrap().squeeze(0).unwrap()
 }
 
 #[test]
@@ -36,22 +27,12 @@ fn padded_batches_equal_unpadded_sequences() {
         for padding in [Padding::Left, Padding::Right] {
             for mode in [Mode::Train, Mode::Infer] {
                 let b = PaddedBatch::new(&rows(), 0, padding, &Device::Cpu).unwrap();
-                let logits = m
-                    .model
-                    .forward(&b.ids, &b.positions, &b.bias, None, mode)
-                    .unwrap();
+                let logits = m.model.forward(&b.ids, &b.positions, &b.bias, None, mode).unwrap();
                 for (i, r) in rows().iter().enumerate() {
-                    let got = logits
-                        .i(i)
-                        .unwrap()
-                        .narrow(0, b.offsets[i], r.len())
-                        .unwrap();
+                    let got = logits.i(i).unwrap().narrow(0, b.offsets[i], r.len()).unwrap();
                     let want = single_logits(&m, r, mode);
                     let d = common::max_abs_diff(&got, &want);
-                    assert!(
-                        d < 1e-5,
-                        "{arch:?} {padding:?} {mode:?} row {i}: max diff {d}"
-                    );
+                    assert!(d < 1e-5, "{arch:?} {padding:?} {mode:?} row {i}: max diff {d}");
                 }
             }
         }
@@ -63,10 +44,7 @@ fn train_and_infer_kernels_agree() {
     common::init();
     let m = tiny_model(Architecture::Llama, true, 2, DType::F32).unwrap();
     let r = &rows()[0];
-    let d = common::max_abs_diff(
-        &single_logits(&m, r, Mode::Train),
-        &single_logits(&m, r, Mode::Infer),
-    );
+    let d = common::max_abs_diff(&single_logits(&m, r, Mode::Train), &single_logits(&m, r, Mode::Infer));
     assert!(d < 1e-5, "{d}");
 }
 
@@ -80,24 +58,14 @@ fn kv_cache_incremental_logits_equal_full_forward() {
     let b = PaddedBatch::new(&prompts, 0, Padding::Left, &dev).unwrap();
     let mut cache = m.model.new_cache();
     let mut key_mask = b.key_mask.clone();
-    let first = m
-        .model
-        .forward(&b.ids, &b.positions, &b.bias, Some(&mut cache), Mode::Infer)
-        .unwrap();
-    let mut steps = vec![first
-        .narrow(1, first.dim(1).unwrap() - 1, 1)
-        .unwrap()
-        .squeeze(1)
-        .unwrap()];
+    let first = m.model.forward(&b.ids, &b.positions, &b.bias, Some(&mut cache), Mode::Infer).unwrap();
+    let mut steps = vec![first.narrow(1, first.dim(1).unwrap() - 1, 1).unwrap().squeeze(1).unwrap()];
     for (a, b) in continuation[0].iter().zip(&continuation[1]) {
         key_mask.iter_mut().for_each(|k| k.push(1));
         let ids = Tensor::new(&[[*a], [*b]], &dev).unwrap();
         let pos = pbrl::model::batch::position_ids(&key_mask, 1, &dev).unwrap();
         let bias = pbrl::model::batch::attention_bias(&key_mask, 1, &dev).unwrap();
-        let l = m
-            .model
-            .forward(&ids, &pos, &bias, Some(&mut cache), Mode::Infer)
-            .unwrap();
+        let l = m.model.forward(&ids, &pos, &bias, Some(&mut cache), Mode::Infer).unwrap();
         steps.push(l.squeeze(1).unwrap());
     }
     assert_eq!(cache.len(), b.ids.dim(1).unwrap() + 3);
@@ -117,42 +85,23 @@ fn scorer_equals_hand_computation() {
     common::init();
     let m = tiny_model(Architecture::Llama, false, 4, DType::F32).unwrap();
     let score_rows = vec![
-        ScoreRow {
-            prompt: vec![5, 9, 13],
-            completion: vec![7, 22, 31],
-        },
-        ScoreRow {
-            prompt: vec![3],
-            completion: vec![4],
-        },
-        ScoreRow {
-            prompt: vec![11, 12],
-            completion: vec![],
-        },
+        ScoreRow { prompt: vec![5, 9, 13], completion: vec![7, 22, 31] },
+        ScoreRow { prompt: vec![3], completion: vec![4] },
+        ScoreRow { prompt: vec![11, 12], completion: vec![] },
     ];
     for last in [LastToken::Include, LastToken::Exclude] {
-        let got: Vec<f32> = sequence_log_probs(&m.model, &score_rows, last, 0, Mode::Train)
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        let got: Vec<f32> = sequence_log_probs(&m.model, &score_rows, last, 0, Mode::Train).unwrap().to_vec1().unwrap();
         for (i, r) in score_rows.iter().enumerate() {
             let mut full = r.prompt.clone();
             full.extend_from_slice(&r.completion);
-            let lp = candle_nn::ops::log_softmax(&single_logits(&m, &full, Mode::Train), D::Minus1)
-                .unwrap();
+            let lp = candle_nn::ops::log_softmax(&single_logits(&m, &full, Mode::Train), D::Minus1).unwrap();
             let lp: Vec<Vec<f32>> = lp.to_vec2().unwrap();
             let n = match last {
                 LastToken::Include => r.completion.len(),
                 LastToken::Exclude => r.completion.len().saturating_sub(1),
             };
-            let want: f32 = (0..n)
-                .map(|k| lp[r.prompt.len() - 1 + k][r.completion[k] as usize])
-                .sum();
-            assert!(
-                (got[i] - want).abs() < 1e-4,
-                "{last:?} row {i}: {} vs {want}",
-                got[i]
-            );
+            let want: f32 = (0..n).map(|k| lp[r.prompt.len() - 1 + k][r.completion[k] as usize]).sum();
+            assert!((got[i] - want).abs() < 1e-4, "{last:?} row {i}: {} vs {want}", got[i]);
         }
     }
 }
@@ -164,18 +113,11 @@ fn gradients_match_finite_differences() {
     for arch in [Architecture::Llama, Architecture::Qwen2] {
         let m = tiny_model(arch, true, 5, DType::F64).unwrap();
         let score_rows = vec![
-            ScoreRow {
-                prompt: vec![5, 9, 13],
-                completion: vec![7, 22, 31],
-            },
-            ScoreRow {
-                prompt: vec![3, 8],
-                completion: vec![4, 30],
-            },
+            ScoreRow { prompt: vec![5, 9, 13], completion: vec![7, 22, 31] },
+            ScoreRow { prompt: vec![3, 8], completion: vec![4, 30] },
         ];
         let loss = |m: &LoadedModel| -> Tensor {
-            let lp = sequence_log_probs(&m.model, &score_rows, LastToken::Include, 0, Mode::Train)
-                .unwrap();
+            let lp = sequence_log_probs(&m.model, &score_rows, LastToken::Include, 0, Mode::Train).unwrap();
             // Not just a sum: weight rows differently, like a preference loss would.
             ((lp.i(0).unwrap() * 0.7).unwrap() - (lp.i(1).unwrap() * 1.3).unwrap()).unwrap()
         };
@@ -194,9 +136,7 @@ fn gradients_match_finite_differences() {
         let data = m.varmap.data().lock().unwrap().clone();
         for (k, name) in names.iter().enumerate() {
             let var = &data[*name];
-            let g = grads
-                .get(var.as_tensor())
-                .unwrap_or_else(|| panic!("no gradient for {name}"));
+            let g = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("no gradient for {name}"));
             let dir = common::random_like(var.as_tensor(), 100 + k as u64);
             let analytic: f64 = (g * &dir).unwrap().sum_all().unwrap().to_scalar().unwrap();
             let orig = var.as_tensor().copy().unwrap();
@@ -208,28 +148,17 @@ fn gradients_match_finite_differences() {
             var.set(&orig).unwrap();
             let numeric = (plus - minus) / (2.0 * eps);
             let rel = (analytic - numeric).abs() / numeric.abs().max(1e-6);
-            assert!(
-                rel < 1e-5,
-                "{arch:?} {name}: analytic {analytic} numeric {numeric} rel {rel}"
-            );
+            assert!(rel < 1e-5, "{arch:?} {name}: analytic {analytic} numeric {numeric} rel {rel}");
         }
         // Every weight receives a gradient (no op silently cuts the graph).
         for (name, var) in data.iter() {
-            assert!(
-                grads.get(var.as_tensor()).is_some(),
-                "{arch:?}: {name} got no gradient"
-            );
+            assert!(grads.get(var.as_tensor()).is_some(), "{arch:?}: {name} got no gradient");
         }
     }
 }
 
 fn params(temperature: f64) -> SamplingParams {
-    SamplingParams {
-        temperature,
-        top_p: 0.9,
-        top_k: Some(20),
-        max_new_tokens: 12,
-    }
+    SamplingParams { temperature, top_p: 0.9, top_k: Some(20), max_new_tokens: 12 }
 }
 
 #[test]
@@ -237,14 +166,7 @@ fn same_seed_same_samples_different_seed_different() {
     common::init();
     let m = tiny_model(Architecture::Llama, true, 6, DType::F32).unwrap();
     let reqs = |base: u64| -> Vec<SampleRequest> {
-        rows()
-            .into_iter()
-            .enumerate()
-            .map(|(i, prompt)| SampleRequest {
-                prompt,
-                seed: base + i as u64,
-            })
-            .collect()
+        rows().into_iter().enumerate().map(|(i, prompt)| SampleRequest { prompt, seed: base + i as u64 }).collect()
     };
     let run = |base| sample(&m.model, &reqs(base), &params(1.0), &[1], 0, |_| {}).unwrap();
     let a = run(10);
@@ -259,19 +181,12 @@ fn same_seed_same_samples_different_seed_different() {
 fn greedy_sampling_is_argmax_and_matches_unbatched_decoding() {
     common::init();
     let m = tiny_model(Architecture::Qwen2, false, 7, DType::F32).unwrap();
-    let reqs: Vec<SampleRequest> = rows()
-        .into_iter()
-        .map(|prompt| SampleRequest { prompt, seed: 0 })
-        .collect();
+    let reqs: Vec<SampleRequest> = rows().into_iter().map(|prompt| SampleRequest { prompt, seed: 0 }).collect();
     let batched = sample(&m.model, &reqs, &params(0.0), &[1], 0, |_| {}).unwrap();
     for (r, got) in reqs.iter().zip(&batched) {
         assert_eq!(got, &greedy(&m.model, &r.prompt, 12, &[1]).unwrap());
         // First token is the argmax of the prompt's last logits.
-        let l: Vec<f32> = single_logits(&m, &r.prompt, Mode::Train)
-            .i(r.prompt.len() - 1)
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        let l: Vec<f32> = single_logits(&m, &r.prompt, Mode::Train).i(r.prompt.len() - 1).unwrap().to_vec1().unwrap();
         assert_eq!(got[0], argmax(&l));
     }
 }
@@ -280,12 +195,7 @@ fn greedy_sampling_is_argmax_and_matches_unbatched_decoding() {
 fn sampling_stops_at_stop_tokens() {
     common::init();
     let m = tiny_model(Architecture::Llama, true, 8, DType::F32).unwrap();
-    let reqs: Vec<SampleRequest> = (0..6)
-        .map(|i| SampleRequest {
-            prompt: vec![5, 6 + i],
-            seed: i as u64,
-        })
-        .collect();
+    let reqs: Vec<SampleRequest> = (0..6).map(|i| SampleRequest { prompt: vec![5, 6 + i], seed: i as u64 }).collect();
     // Every token but 3 and 4 stops: each row ends as soon as it samples one.
     let stops: Vec<u32> = (0..40).filter(|t| *t != 3 && *t != 4).collect();
     let out = sample(&m.model, &reqs, &params(1.0), &stops, 0, |_| {}).unwrap();
@@ -307,22 +217,14 @@ fn hf_dir_save_then_load_gives_identical_logits() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent_0");
         m.save_hf_dir(&path).unwrap();
-        for f in [
-            "config.json",
-            "model.safetensors",
-            "tokenizer.json",
-            "tokenizer_config.json",
-        ] {
+        for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
             assert!(path.join(f).is_file(), "{f} missing");
         }
         let back = LoadedModel::load(path.to_str().unwrap(), &Device::Cpu).unwrap();
         assert_eq!(back.model.config, m.model.config);
         let r = &rows()[0];
         assert_eq!(
-            common::max_abs_diff(
-                &single_logits(&m, r, Mode::Train),
-                &single_logits(&back, r, Mode::Train)
-            ),
+            common::max_abs_diff(&single_logits(&m, r, Mode::Train), &single_logits(&back, r, Mode::Train)),
             0.0
         );
         assert_eq!(back.tokenizer.encode("w1 w5 w2").unwrap(), vec![4, 8, 5]);

@@ -12,46 +12,24 @@ use serde_json::Value;
 fn check(name: &str, arch: Architecture, tied: bool) {
     common::init();
     let dir = common::fixtures().join(format!("tiny_{name}"));
-    let golden: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
     let m = LoadedModel::load(dir.to_str().unwrap(), &Device::Cpu).unwrap();
     assert_eq!(m.model.config.architecture, arch);
     assert_eq!(m.model.config.tie_word_embeddings, tied);
-    let ids = |v: &Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
+    let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
     let rows: Vec<ScoreRow> = golden["rows"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| ScoreRow {
-            prompt: ids(&r["prompt"]),
-            completion: ids(&r["completion"]),
-        })
+        .map(|r| ScoreRow { prompt: ids(&r["prompt"]), completion: ids(&r["completion"]) })
         .collect();
-    let seqs: Vec<Vec<u32>> = rows
-        .iter()
-        .map(|r| [r.prompt.clone(), r.completion.clone()].concat())
-        .collect();
+    let seqs: Vec<Vec<u32>> = rows.iter().map(|r| [r.prompt.clone(), r.completion.clone()].concat()).collect();
     let batch = PaddedBatch::new(&seqs, 0, Padding::Right, &Device::Cpu).unwrap();
     for mode in [Mode::Train, Mode::Infer] {
-        let logits = m
-            .model
-            .forward(&batch.ids, &batch.positions, &batch.bias, None, mode)
-            .unwrap();
+        let logits = m.model.forward(&batch.ids, &batch.positions, &batch.bias, None, mode).unwrap();
         let mut worst = 0f64;
         for (b, s) in seqs.iter().enumerate() {
-            let got: Vec<Vec<f32>> = logits
-                .i(b)
-                .unwrap()
-                .narrow(0, 0, s.len())
-                .unwrap()
-                .to_vec2()
-                .unwrap();
+            let got: Vec<Vec<f32>> = logits.i(b).unwrap().narrow(0, 0, s.len()).unwrap().to_vec2().unwrap();
             for (t, row) in golden["logits"][b].as_array().unwrap().iter().enumerate() {
                 for (v, want) in row.as_array().unwrap().iter().enumerate() {
                     worst = worst.max((got[t][v] as f64 - want.as_f64().unwrap()).abs());
@@ -60,14 +38,10 @@ fn check(name: &str, arch: Architecture, tied: bool) {
         }
         assert!(worst < 1e-4, "{name} {mode:?}: logits max abs diff {worst}");
     }
-    for (last, key) in [
-        (LastToken::Include, "seq_logprob_include_last"),
-        (LastToken::Exclude, "seq_logprob_exclude_last"),
-    ] {
-        let got: Vec<f32> = sequence_log_probs(&m.model, &rows, last, 0, Mode::Train)
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+    for (last, key) in
+        [(LastToken::Include, "seq_logprob_include_last"), (LastToken::Exclude, "seq_logprob_exclude_last")]
+    {
+        let got: Vec<f32> = sequence_log_probs(&m.model, &rows, last, 0, Mode::Train).unwrap().to_vec1().unwrap();
         for (g, w) in got.iter().zip(golden[key].as_array().unwrap()) {
             let w = w.as_f64().unwrap();
             assert!((*g as f64 - w).abs() < 1e-4, "{name} {key}: {g} vs {w}");

@@ -60,14 +60,7 @@ impl PaddedBatch {
         let ids = Tensor::from_vec(ids, (b, len), dev)?;
         let positions = position_ids(&key_mask, len, dev)?;
         let bias = attention_bias(&key_mask, len, dev)?;
-        Ok(Self {
-            ids,
-            positions,
-            bias,
-            key_mask,
-            offsets,
-            lengths: rows.iter().map(|r| r.len()).collect(),
-        })
+        Ok(Self { ids, positions, bias, key_mask, offsets, lengths: rows.iter().map(|r| r.len()).collect() })
     }
 }
 

@@ -64,39 +64,24 @@ impl ModelConfig {
     }
 
     pub fn from_gguf(ct: &gguf_file::Content) -> Result<Self> {
-        let arch = ct
-            .metadata
-            .get("general.architecture")
-            .context("GGUF has no general.architecture")?
-            .to_string()?
-            .clone();
+        let arch =
+            ct.metadata.get("general.architecture").context("GGUF has no general.architecture")?.to_string()?.clone();
         let architecture = Architecture::from_model_type(&arch)?;
         let key = |k: &str| format!("{arch}.{k}");
         let get_u = |k: &str| -> Result<usize> {
-            let v = ct
-                .metadata
-                .get(&key(k))
-                .with_context(|| format!("GGUF has no {}", key(k)))?;
+            let v = ct.metadata.get(&key(k)).with_context(|| format!("GGUF has no {}", key(k)))?;
             Ok(v.to_u32().or_else(|_| v.to_u64().map(|x| x as u32))? as usize)
         };
         let hidden_size = get_u("embedding_length")?;
         let num_attention_heads = get_u("attention.head_count")?;
         let num_key_value_heads = get_u("attention.head_count_kv").unwrap_or(num_attention_heads);
-        let embd = ct
-            .tensor_infos
-            .get("token_embd.weight")
-            .context("GGUF has no token_embd.weight")?;
+        let embd = ct.tensor_infos.get("token_embd.weight").context("GGUF has no token_embd.weight")?;
         let vocab_size = embd.shape.dims()[0];
-        let eps = ct
-            .metadata
-            .get(&key("attention.layer_norm_rms_epsilon"))
-            .context("GGUF has no rms epsilon")?
-            .to_f32()? as f64;
-        let rope_theta = ct
-            .metadata
-            .get(&key("rope.freq_base"))
-            .and_then(|v| v.to_f32().ok())
-            .unwrap_or(10_000.0) as f64;
+        let eps =
+            ct.metadata.get(&key("attention.layer_norm_rms_epsilon")).context("GGUF has no rms epsilon")?.to_f32()?
+                as f64;
+        let rope_theta =
+            ct.metadata.get(&key("rope.freq_base")).and_then(|v| v.to_f32().ok()).unwrap_or(10_000.0) as f64;
         let tok_id = |k: &str| ct.metadata.get(k).and_then(|v| v.to_u32().ok());
         Ok(Self {
             architecture,
@@ -121,36 +106,24 @@ impl ModelConfig {
         let model_type = v["model_type"].as_str().unwrap_or("llama");
         let architecture = Architecture::from_model_type(model_type)?;
         let u = |k: &str| -> Result<usize> {
-            v[k].as_u64()
-                .map(|x| x as usize)
-                .with_context(|| format!("config.json has no integer `{k}`"))
+            v[k].as_u64().map(|x| x as usize).with_context(|| format!("config.json has no integer `{k}`"))
         };
         let hidden_size = u("hidden_size")?;
         let num_attention_heads = u("num_attention_heads")?;
-        let head_dim = v["head_dim"]
-            .as_u64()
-            .map(|x| x as usize)
-            .unwrap_or(hidden_size / num_attention_heads);
+        let head_dim = v["head_dim"].as_u64().map(|x| x as usize).unwrap_or(hidden_size / num_attention_heads);
         let first_id = |x: &Value| match x {
             Value::Number(n) => n.as_u64().map(|n| n as u32),
             Value::Array(a) => a.first().and_then(|n| n.as_u64()).map(|n| n as u32),
             _ => None,
         };
-        let default_eps = if architecture == Architecture::Qwen2 {
-            1e-6
-        } else {
-            1e-5
-        };
+        let default_eps = if architecture == Architecture::Qwen2 { 1e-6 } else { 1e-5 };
         Ok(Self {
             architecture,
             hidden_size,
             intermediate_size: u("intermediate_size")?,
             num_hidden_layers: u("num_hidden_layers")?,
             num_attention_heads,
-            num_key_value_heads: v["num_key_value_heads"]
-                .as_u64()
-                .map(|x| x as usize)
-                .unwrap_or(num_attention_heads),
+            num_key_value_heads: v["num_key_value_heads"].as_u64().map(|x| x as usize).unwrap_or(num_attention_heads),
             head_dim,
             vocab_size: u("vocab_size")?,
             rms_norm_eps: v["rms_norm_eps"].as_f64().unwrap_or(default_eps),

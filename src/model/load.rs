@@ -39,8 +39,7 @@ impl ModelSource {
         let looks_like_hub = s.split('/').count() == 2
             && !s.starts_with('.')
             && !s.ends_with(".gguf")
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
         if looks_like_hub {
             return Ok(Self::Hub(s.to_string()));
         }
@@ -68,14 +67,9 @@ impl LoadedModel {
             ModelSource::HfDir(p) => load_hf_dir(p, device)?,
             ModelSource::Hub(id) => load_hf_dir(&fetch_from_hub(id)?, device)?,
         };
-        let model = Self::build(&varmap, &config, device)
-            .with_context(|| format!("building the model from `{source}`"))?;
-        Ok(Self {
-            model,
-            varmap,
-            tokenizer,
-            source: source.to_string(),
-        })
+        let model =
+            Self::build(&varmap, &config, device).with_context(|| format!("building the model from `{source}`"))?;
+        Ok(Self { model, varmap, tokenizer, source: source.to_string() })
     }
 
     pub fn build(varmap: &VarMap, config: &ModelConfig, device: &Device) -> Result<CausalLm> {
@@ -109,10 +103,7 @@ fn varmap_from(tensors: HashMap<String, Tensor>) -> Result<VarMap> {
 pub fn unpermute_qk(w: &Tensor, n_head: usize) -> Result<Tensor> {
     let (out, inp) = w.dims2()?;
     let hd = out / n_head;
-    Ok(w.reshape((n_head, hd / 2, 2, inp))?
-        .transpose(1, 2)?
-        .contiguous()?
-        .reshape((out, inp))?)
+    Ok(w.reshape((n_head, hd / 2, 2, inp))?.transpose(1, 2)?.contiguous()?.reshape((out, inp))?)
 }
 
 /// GGUF (llama.cpp) tensor name → Hugging Face name.
@@ -153,19 +144,13 @@ fn load_gguf(path: &Path, device: &Device) -> Result<Loaded> {
     let config = ModelConfig::from_gguf(&ct).with_context(ctx)?;
     let tokenizer = chat_tokenizer_from_gguf(&ct, config.eos_token_id).with_context(ctx)?;
     // q/k rows are permuted only for the llama rope layout (qwen2 GGUFs keep the HF order).
-    let unpermute = ct
-        .metadata
-        .get("general.architecture")
-        .and_then(|v| v.to_string().ok())
-        .is_some_and(|a| a == "llama");
+    let unpermute =
+        ct.metadata.get("general.architecture").and_then(|v| v.to_string().ok()).is_some_and(|a| a == "llama");
     let mut tensors = HashMap::new();
     for name in ct.tensor_infos.keys() {
-        let hf = gguf_to_hf_name(name)
-            .with_context(|| format!("{}: unexpected GGUF tensor `{name}`", path.display()))?;
-        let mut t = ct
-            .tensor(&mut f, name, device)
-            .with_context(ctx)?
-            .dequantize(device)?;
+        let hf =
+            gguf_to_hf_name(name).with_context(|| format!("{}: unexpected GGUF tensor `{name}`", path.display()))?;
+        let mut t = ct.tensor(&mut f, name, device).with_context(ctx)?.dequantize(device)?;
         if unpermute && name.ends_with("attn_q.weight") {
             t = unpermute_qk(&t, config.num_attention_heads)?;
         } else if unpermute && name.ends_with("attn_k.weight") {
@@ -179,38 +164,29 @@ fn load_gguf(path: &Path, device: &Device) -> Result<Loaded> {
 /// config.json + one or more safetensors files + tokenizer.json.
 fn load_hf_dir(dir: &Path, device: &Device) -> Result<Loaded> {
     let cfg_path = dir.join("config.json");
-    let cfg_json: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?,
-    )
-    .with_context(|| format!("{}: invalid JSON", cfg_path.display()))?;
-    let config =
-        ModelConfig::from_hf_json(&cfg_json).with_context(|| cfg_path.display().to_string())?;
+    let cfg_json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?)
+            .with_context(|| format!("{}: invalid JSON", cfg_path.display()))?;
+    let config = ModelConfig::from_hf_json(&cfg_json).with_context(|| cfg_path.display().to_string())?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
     files.sort();
     if files.is_empty() {
-        bail!(
-            "{}: no *.safetensors weights (pbrl reads safetensors only)",
-            dir.display()
-        );
+        bail!("{}: no *.safetensors weights (pbrl reads safetensors only)", dir.display());
     }
     let mut tensors = HashMap::new();
     for f in &files {
-        let part = candle_core::safetensors::load(f, device)
-            .with_context(|| format!("reading {}", f.display()))?;
+        let part = candle_core::safetensors::load(f, device).with_context(|| format!("reading {}", f.display()))?;
         tensors.extend(part);
     }
     let tok_path = dir.join("tokenizer.json");
     if !tok_path.is_file() {
         bail!("{}: no tokenizer.json", dir.display());
     }
-    let tokenizer = chat_tokenizer_from_files(
-        &tok_path,
-        Some(&dir.join("tokenizer_config.json")),
-        config.eos_token_id,
-    )?;
+    let tokenizer =
+        chat_tokenizer_from_files(&tok_path, Some(&dir.join("tokenizer_config.json")), config.eos_token_id)?;
     Ok((varmap_from(tensors)?, config, tokenizer))
 }
 
@@ -223,10 +199,7 @@ fn fetch_from_hub(id: &str) -> Result<PathBuf> {
              directory and set the model source to that directory (or to a .gguf file)"
         )
     };
-    let api = hf_hub::api::sync::ApiBuilder::from_env()
-        .with_progress(true)
-        .build()
-        .with_context(offline_help)?;
+    let api = hf_hub::api::sync::ApiBuilder::from_env().with_progress(true).build().with_context(offline_help)?;
     let repo = api.model(id.to_string());
     let config = repo.get("config.json").with_context(offline_help)?;
     repo.get("tokenizer.json").with_context(offline_help)?;
@@ -254,19 +227,10 @@ fn fetch_from_hub(id: &str) -> Result<PathBuf> {
 }
 
 /// Write a loadable Hugging Face directory atomically (temporary directory, then rename).
-pub fn save_hf_dir(
-    varmap: &VarMap,
-    config: &ModelConfig,
-    tokenizer: &ChatTokenizer,
-    dir: &Path,
-) -> Result<()> {
+pub fn save_hf_dir(varmap: &VarMap, config: &ModelConfig, tokenizer: &ChatTokenizer, dir: &Path) -> Result<()> {
     let parent = dir.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent)?;
-    let name = dir
-        .file_name()
-        .context("model directory needs a name")?
-        .to_string_lossy()
-        .to_string();
+    let name = dir.file_name().context("model directory needs a name")?.to_string_lossy().to_string();
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp)?;
@@ -274,9 +238,7 @@ pub fn save_hf_dir(
     std::fs::create_dir_all(&tmp)?;
     let mut tensors: Vec<(String, Tensor)> = {
         let data = varmap.data().lock().expect("VarMap lock");
-        data.iter()
-            .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
-            .collect()
+        data.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect()
     };
     if config.tie_word_embeddings {
         tensors.retain(|(k, _)| k != "lm_head.weight");
@@ -286,10 +248,7 @@ pub fn save_hf_dir(
     candle_core::safetensors::save(&map, tmp.join("model.safetensors"))?;
     let json = |v: &serde_json::Value| -> Result<Vec<u8>> { Ok(serde_json::to_vec_pretty(v)?) };
     std::fs::write(tmp.join("config.json"), json(&config.to_hf_json())?)?;
-    std::fs::write(
-        tmp.join("tokenizer_config.json"),
-        json(&tokenizer.tokenizer_config_json())?,
-    )?;
+    std::fs::write(tmp.join("tokenizer_config.json"), json(&tokenizer.tokenizer_config_json())?)?;
     let mut gen = serde_json::json!({"do_sample": true});
     if let Some(b) = config.bos_token_id {
         gen["bos_token_id"] = b.into();

@@ -11,9 +11,7 @@
 //!   [`merge_heads`] and [`token_log_probs`] have CPU kernels (f32 and f64); on other devices
 //!   they fall back to the differentiable compositions of candle ops named `*_composite`.
 use candle_core::backend::BackendStorage;
-use candle_core::{
-    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D,
-};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use num_traits::Float;
 use rayon::prelude::*;
 
@@ -45,17 +43,11 @@ macro_rules! dispatch2 {
     ($name:expr, ($a:expr, $la:expr), ($b:expr, $lb:expr), |$x:ident, $y:ident| $body:expr) => {
         match ($a, $b) {
             (CpuStorage::F32($x), CpuStorage::F32($y)) => {
-                let ($x, $y) = (
-                    contiguous_slice($x, $la, $name)?,
-                    contiguous_slice($y, $lb, $name)?,
-                );
+                let ($x, $y) = (contiguous_slice($x, $la, $name)?, contiguous_slice($y, $lb, $name)?);
                 CpuStorage::F32($body)
             }
             (CpuStorage::F64($x), CpuStorage::F64($y)) => {
-                let ($x, $y) = (
-                    contiguous_slice($x, $la, $name)?,
-                    contiguous_slice($y, $lb, $name)?,
-                );
+                let ($x, $y) = (contiguous_slice($x, $la, $name)?, contiguous_slice($y, $lb, $name)?);
                 CpuStorage::F64($body)
             }
             _ => candle_core::bail!("{}: operands must both be f32 or both f64", $name),
@@ -97,13 +89,7 @@ impl CustomOp2 for Linear {
         "linear"
     }
 
-    fn cpu_fwd(
-        &self,
-        x: &CpuStorage,
-        lx: &Layout,
-        w: &CpuStorage,
-        lw: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, w: &CpuStorage, lw: &Layout) -> Result<(CpuStorage, Shape)> {
         let ((m, k), (n, _)) = (lx.shape().dims2()?, lw.shape().dims2()?);
         let y = x.matmul(w, (1, m, n, k), lx, &lw.transpose(0, 1)?)?;
         Ok((y, Shape::from((m, n))))
@@ -122,13 +108,7 @@ impl CustomOp2 for Linear {
         Ok((y, Shape::from((m, n))))
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _y: &Tensor,
-        g: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let dx = g.matmul(w)?; // (m, n)(n, k)
         let dw = g.t()?.matmul(x)?; // (n, m)(m, k): already in W's layout
         Ok((Some(dx), Some(dw)))
@@ -161,13 +141,7 @@ impl CustomOp2 for RmsNorm {
         "rms-norm"
     }
 
-    fn cpu_fwd(
-        &self,
-        x: &CpuStorage,
-        lx: &Layout,
-        w: &CpuStorage,
-        lw: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, w: &CpuStorage, lw: &Layout) -> Result<(CpuStorage, Shape)> {
         fn run<T: Float + std::iter::Sum + Send + Sync>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
             let h = w.len();
             let mut y = vec![T::zero(); x.len()];
@@ -184,13 +158,7 @@ impl CustomOp2 for RmsNorm {
         Ok((out, lx.shape().clone()))
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _y: &Tensor,
-        g: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let g = g.contiguous()?;
         let dx = x.apply_op3_no_bwd(w, &g, &RmsNormGradX { eps: self.eps })?;
         let dw = x.apply_op2_no_bwd(&g, &RmsNormGradW { eps: self.eps })?;
@@ -217,26 +185,18 @@ impl CustomOp3 for RmsNormGradX {
         g: &CpuStorage,
         lg: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        fn run<T: Float + std::iter::Sum + Send + Sync>(
-            x: &[T],
-            w: &[T],
-            g: &[T],
-            eps: f64,
-        ) -> Vec<T> {
+        fn run<T: Float + std::iter::Sum + Send + Sync>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
             let h = w.len();
             let hf = T::from(h).unwrap();
             let mut dx = vec![T::zero(); x.len()];
-            dx.par_chunks_mut(h)
-                .zip(x.par_chunks(h))
-                .zip(g.par_chunks(h))
-                .for_each(|((dx, x), g)| {
-                    let r = inv_rms(x, eps);
-                    let dot = (0..h).map(|i| g[i] * w[i] * x[i]).sum::<T>();
-                    let c = r * r * r / hf * dot;
-                    for i in 0..h {
-                        dx[i] = r * g[i] * w[i] - c * x[i];
-                    }
-                });
+            dx.par_chunks_mut(h).zip(x.par_chunks(h)).zip(g.par_chunks(h)).for_each(|((dx, x), g)| {
+                let r = inv_rms(x, eps);
+                let dot = (0..h).map(|i| g[i] * w[i] * x[i]).sum::<T>();
+                let c = r * r * r / hf * dot;
+                for i in 0..h {
+                    dx[i] = r * g[i] * w[i] - c * x[i];
+                }
+            });
             dx
         }
         let (eps, n) = (self.eps, "rms-norm-grad-x");
@@ -255,13 +215,7 @@ impl CustomOp2 for RmsNormGradW {
         "rms-norm-grad-w"
     }
 
-    fn cpu_fwd(
-        &self,
-        x: &CpuStorage,
-        lx: &Layout,
-        g: &CpuStorage,
-        lg: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, g: &CpuStorage, lg: &Layout) -> Result<(CpuStorage, Shape)> {
         fn run<T: Float + std::iter::Sum>(x: &[T], g: &[T], h: usize, eps: f64) -> Vec<T> {
             let mut dw = vec![T::zero(); h];
             for (x, g) in x.chunks(h).zip(g.chunks(h)) {
@@ -336,24 +290,15 @@ impl CustomOp2 for SoftmaxGrad {
         "softmax-grad"
     }
 
-    fn cpu_fwd(
-        &self,
-        y: &CpuStorage,
-        ly: &Layout,
-        g: &CpuStorage,
-        lg: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, y: &CpuStorage, ly: &Layout, g: &CpuStorage, lg: &Layout) -> Result<(CpuStorage, Shape)> {
         fn run<T: Float + std::iter::Sum + Send + Sync>(y: &[T], g: &[T], d: usize) -> Vec<T> {
             let mut dx = vec![T::zero(); y.len()];
-            dx.par_chunks_mut(d)
-                .zip(y.par_chunks(d))
-                .zip(g.par_chunks(d))
-                .for_each(|((dx, y), g)| {
-                    let dot = (0..d).map(|i| g[i] * y[i]).sum::<T>();
-                    for i in 0..d {
-                        dx[i] = y[i] * (g[i] - dot);
-                    }
-                });
+            dx.par_chunks_mut(d).zip(y.par_chunks(d)).zip(g.par_chunks(d)).for_each(|((dx, y), g)| {
+                let dot = (0..d).map(|i| g[i] * y[i]).sum::<T>();
+                for i in 0..d {
+                    dx[i] = y[i] * (g[i] - dot);
+                }
+            });
             dx
         }
         let d = ly.shape().dims().last().copied().unwrap_or(1);
@@ -410,10 +355,7 @@ fn u32_slice<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [u32]>
 /// sequence log-prob differences.
 fn logsumexp<T: Float>(row: &[T]) -> T {
     let max = row.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
-    let sum: f64 = row
-        .iter()
-        .map(|&v| (v - max).exp().to_f64().unwrap_or(0.0))
-        .sum();
+    let sum: f64 = row.iter().map(|&v| (v - max).exp().to_f64().unwrap_or(0.0)).sum();
     max + T::from(sum.ln()).unwrap()
 }
 
@@ -422,18 +364,9 @@ impl CustomOp2 for TokenLogProb {
         "token-log-prob"
     }
 
-    fn cpu_fwd(
-        &self,
-        x: &CpuStorage,
-        lx: &Layout,
-        t: &CpuStorage,
-        lt: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, t: &CpuStorage, lt: &Layout) -> Result<(CpuStorage, Shape)> {
         fn run<T: Float + Send + Sync>(x: &[T], t: &[u32], v: usize) -> Vec<T> {
-            x.par_chunks(v)
-                .zip(t.par_iter())
-                .map(|(row, &t)| row[t as usize] - logsumexp(row))
-                .collect()
+            x.par_chunks(v).zip(t.par_iter()).map(|(row, &t)| row[t as usize] - logsumexp(row)).collect()
         }
         let (n, v) = lx.shape().dims2()?;
         let t = u32_slice(t, lt, "token-log-prob")?;
@@ -444,17 +377,8 @@ impl CustomOp2 for TokenLogProb {
         Ok((out, Shape::from(n)))
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        t: &Tensor,
-        _y: &Tensor,
-        g: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        Ok((
-            Some(x.apply_op3_no_bwd(t, &g.contiguous()?, &TokenLogProbGrad)?),
-            None,
-        ))
+    fn bwd(&self, x: &Tensor, t: &Tensor, _y: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((Some(x.apply_op3_no_bwd(t, &g.contiguous()?, &TokenLogProbGrad)?), None))
     }
 }
 
@@ -476,16 +400,15 @@ impl CustomOp3 for TokenLogProbGrad {
     ) -> Result<(CpuStorage, Shape)> {
         fn run<T: Float + Send + Sync>(x: &[T], t: &[u32], g: &[T], v: usize) -> Vec<T> {
             let mut dx = vec![T::zero(); x.len()];
-            dx.par_chunks_mut(v)
-                .zip(x.par_chunks(v))
-                .zip(t.par_iter().zip(g.par_iter()))
-                .for_each(|((dx, row), (&t, &g))| {
+            dx.par_chunks_mut(v).zip(x.par_chunks(v)).zip(t.par_iter().zip(g.par_iter())).for_each(
+                |((dx, row), (&t, &g))| {
                     let lse = logsumexp(row);
                     for i in 0..v {
                         dx[i] = -g * (row[i] - lse).exp();
                     }
                     dx[t as usize] = dx[t as usize] + g;
-                });
+                },
+            );
             dx
         }
         let n = "token-log-prob-grad";
@@ -499,9 +422,7 @@ impl CustomOp3 for TokenLogProbGrad {
 /// log softmax(logits)[target] per row: logits (n, vocab), targets (n,) u32 → (n,).
 pub fn token_log_probs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     if cpu_float(logits) {
-        return logits
-            .contiguous()?
-            .apply_op2(&targets.contiguous()?, TokenLogProb);
+        return logits.contiguous()?.apply_op2(&targets.contiguous()?, TokenLogProb);
     }
     token_log_probs_composite(logits, targets)
 }
@@ -509,12 +430,7 @@ pub fn token_log_probs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
 /// Token log-probabilities from differentiable candle ops.
 pub fn token_log_probs_composite(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     let max = logits.max_keepdim(D::Minus1)?.detach();
-    let lse = (logits
-        .broadcast_sub(&max)?
-        .exp()?
-        .sum_keepdim(D::Minus1)?
-        .log()?
-        + &max)?;
+    let lse = (logits.broadcast_sub(&max)?.exp()?.sum_keepdim(D::Minus1)?.log()? + &max)?;
     let picked = logits.gather(&targets.unsqueeze(1)?, D::Minus1)?;
     (picked - lse)?.squeeze(1)
 }
@@ -538,22 +454,12 @@ struct Heads {
 
 impl Heads {
     fn inverse(&self) -> Self {
-        let rope = self
-            .rope
-            .as_ref()
-            .map(|(c, s, inv)| (c.clone(), s.clone(), !inv));
-        Self {
-            merge: !self.merge,
-            rope,
-            ..*self
-        }
+        let rope = self.rope.as_ref().map(|(c, s, inv)| (c.clone(), s.clone(), !inv));
+        Self { merge: !self.merge, rope, ..*self }
     }
 }
 
-fn cpu_float_slice<'a, T: candle_core::WithDType>(
-    t: &'a candle_core::Storage,
-    l: &Layout,
-) -> Result<&'a [T]> {
+fn cpu_float_slice<'a, T: candle_core::WithDType>(t: &'a candle_core::Storage, l: &Layout) -> Result<&'a [T]> {
     match t {
         candle_core::Storage::Cpu(c) => contiguous_slice(c.as_slice::<T>()?, l, "heads"),
         _ => candle_core::bail!("heads: rope tables must be on the CPU"),
@@ -566,46 +472,30 @@ impl CustomOp1 for Heads {
     }
 
     fn cpu_fwd(&self, st: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        fn run<T: Float + candle_core::WithDType + Send + Sync>(
-            op: &Heads,
-            x: &[T],
-        ) -> Result<Vec<T>> {
+        fn run<T: Float + candle_core::WithDType + Send + Sync>(op: &Heads, x: &[T]) -> Result<Vec<T>> {
             let (s, n, d) = (op.s, op.n, op.d);
             let half = d / 2;
-            let guards = op
-                .rope
-                .as_ref()
-                .map(|(c, sn, inv)| (c.storage_and_layout(), sn.storage_and_layout(), *inv));
+            let guards = op.rope.as_ref().map(|(c, sn, inv)| (c.storage_and_layout(), sn.storage_and_layout(), *inv));
             let tables = match &guards {
-                Some((c, sn, inv)) => Some((
-                    cpu_float_slice::<T>(&c.0, c.1)?,
-                    cpu_float_slice::<T>(&sn.0, sn.1)?,
-                    *inv,
-                )),
+                Some((c, sn, inv)) => {
+                    Some((cpu_float_slice::<T>(&c.0, c.1)?, cpu_float_slice::<T>(&sn.0, sn.1)?, *inv))
+                }
                 None => None,
             };
             let mut y = vec![T::zero(); x.len()];
             // Work item = one (batch row, head, position) vector of d values.
             y.par_chunks_mut(d).enumerate().for_each(|(o, out)| {
                 // o indexes the output layout; find the input vector it comes from.
-                let (bi, hi, si) = if op.merge {
-                    (o / (s * n), o % n, (o / n) % s)
-                } else {
-                    (o / (n * s), (o / s) % n, o % s)
-                };
-                let src = if op.merge {
-                    ((bi * n + hi) * s + si) * d
-                } else {
-                    ((bi * s + si) * n + hi) * d
-                };
+                let (bi, hi, si) =
+                    if op.merge { (o / (s * n), o % n, (o / n) % s) } else { (o / (n * s), (o / s) % n, o % s) };
+                let src = if op.merge { ((bi * n + hi) * s + si) * d } else { ((bi * s + si) * n + hi) * d };
                 let v = &x[src..src + d];
                 match tables {
                     None => out.copy_from_slice(v),
                     Some((cos, sin, inv)) => {
                         let off = (bi * s + si) * half;
                         for i in 0..half {
-                            let (c, sn) =
-                                (cos[off + i], if inv { -sin[off + i] } else { sin[off + i] });
+                            let (c, sn) = (cos[off + i], if inv { -sin[off + i] } else { sin[off + i] });
                             out[i] = v[i] * c - v[i + half] * sn;
                             out[i + half] = v[i + half] * c + v[i] * sn;
                         }
@@ -642,14 +532,7 @@ pub fn split_heads(
             Some((c, sn)) => Some((c.contiguous()?, sn.contiguous()?, false)),
             None => None,
         };
-        return x.contiguous()?.apply_op1(Heads {
-            b,
-            s,
-            n,
-            d,
-            merge: false,
-            rope,
-        });
+        return x.contiguous()?.apply_op1(Heads { b, s, n, d, merge: false, rope });
     }
     split_heads_composite(x, b, s, n, d, rope_tables)
 }
@@ -674,14 +557,7 @@ pub fn split_heads_composite(
 pub fn merge_heads(x: &Tensor) -> Result<Tensor> {
     let (b, n, s, d) = x.dims4()?;
     if cpu_float(x) {
-        return x.contiguous()?.apply_op1(Heads {
-            b,
-            s,
-            n,
-            d,
-            merge: true,
-            rope: None,
-        });
+        return x.contiguous()?.apply_op1(Heads { b, s, n, d, merge: true, rope: None });
     }
     merge_heads_composite(x)
 }
@@ -706,16 +582,7 @@ mod tests {
     }
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap()
+        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f64>().unwrap()
     }
 
     type Op<'a> = &'a dyn Fn(&[Tensor]) -> Tensor;
@@ -725,38 +592,19 @@ mod tests {
     /// what runs on non-CPU devices.
     fn check(inputs: &[Tensor], fused: Op, composite: Op) {
         let run = |f: Op| {
-            let vars: Vec<Var> = inputs
-                .iter()
-                .map(|t| Var::from_tensor(t).unwrap())
-                .collect();
+            let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
             let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
             let y = f(&ts);
             let probe = random(y.dims(), 99);
-            let grads = (&y * &probe)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-            let g: Vec<Tensor> = ts
-                .iter()
-                .map(|t| grads.get(t).expect("gradient").clone())
-                .collect();
+            let grads = (&y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+            let g: Vec<Tensor> = ts.iter().map(|t| grads.get(t).expect("gradient").clone()).collect();
             (y, g)
         };
         let (yf, gf) = run(fused);
         let (yc, gc) = run(composite);
-        assert!(
-            max_diff(&yf, &yc) < 1e-10,
-            "values differ by {}",
-            max_diff(&yf, &yc)
-        );
+        assert!(max_diff(&yf, &yc) < 1e-10, "values differ by {}", max_diff(&yf, &yc));
         for (i, (a, b)) in gf.iter().zip(&gc).enumerate() {
-            assert!(
-                max_diff(a, b) < 1e-10,
-                "gradient of input {i} differs by {}",
-                max_diff(a, b)
-            );
+            assert!(max_diff(a, b) < 1e-10, "gradient of input {i} differs by {}", max_diff(a, b));
         }
     }
 
@@ -766,42 +614,26 @@ mod tests {
         let cos = random(&[b, s, d / 2], 1);
         let sin = random(&[b, s, d / 2], 2);
         let targets = Tensor::new(&[3u32, 0, 6, 2], &Device::Cpu).unwrap();
-        check(
-            &[random(&[6, 16], 3), random(&[16], 4)],
-            &|t| rms_norm(&t[0], &t[1], 1e-5).unwrap(),
-            &|t| rms_norm_composite(&t[0], &t[1], 1e-5).unwrap(),
-        );
-        check(
-            &[random(&[4, 3, 7], 5)],
-            &|t| softmax_last_dim(&t[0]).unwrap(),
-            &|t| softmax_composite(&t[0]).unwrap(),
-        );
-        check(
-            &[random(&[b * s, n * d], 7)],
-            &|t| split_heads(&t[0], b, s, n, d, Some((&cos, &sin))).unwrap(),
-            &|t| split_heads_composite(&t[0], b, s, n, d, Some((&cos, &sin))).unwrap(),
-        );
-        check(
-            &[random(&[b * s, n * d], 8)],
-            &|t| split_heads(&t[0], b, s, n, d, None).unwrap(),
-            &|t| split_heads_composite(&t[0], b, s, n, d, None).unwrap(),
-        );
-        check(
-            &[random(&[b, n, s, d], 9)],
-            &|t| merge_heads(&t[0]).unwrap(),
-            &|t| merge_heads_composite(&t[0]).unwrap(),
-        );
-        check(
-            &[random(&[5, 4], 10), random(&[3, 4], 11)],
-            &|t| linear(&t[0], &t[1]).unwrap(),
-            &|t| t[0].matmul(&t[1].t().unwrap()).unwrap(),
-        );
+        check(&[random(&[6, 16], 3), random(&[16], 4)], &|t| rms_norm(&t[0], &t[1], 1e-5).unwrap(), &|t| {
+            rms_norm_composite(&t[0], &t[1], 1e-5).unwrap()
+        });
+        check(&[random(&[4, 3, 7], 5)], &|t| softmax_last_dim(&t[0]).unwrap(), &|t| softmax_composite(&t[0]).unwrap());
+        check(&[random(&[b * s, n * d], 7)], &|t| split_heads(&t[0], b, s, n, d, Some((&cos, &sin))).unwrap(), &|t| {
+            split_heads_composite(&t[0], b, s, n, d, Some((&cos, &sin))).unwrap()
+        });
+        check(&[random(&[b * s, n * d], 8)], &|t| split_heads(&t[0], b, s, n, d, None).unwrap(), &|t| {
+            split_heads_composite(&t[0], b, s, n, d, None).unwrap()
+        });
+        check(&[random(&[b, n, s, d], 9)], &|t| merge_heads(&t[0]).unwrap(), &|t| {
+            merge_heads_composite(&t[0]).unwrap()
+        });
+        check(&[random(&[5, 4], 10), random(&[3, 4], 11)], &|t| linear(&t[0], &t[1]).unwrap(), &|t| {
+            t[0].matmul(&t[1].t().unwrap()).unwrap()
+        });
         // Targets carry no gradient: check the logits' gradient alone.
         let logits = random(&[4, 7], 12);
-        check(
-            &[logits],
-            &|t| token_log_probs(&t[0], &targets).unwrap(),
-            &|t| token_log_probs_composite(&t[0], &targets).unwrap(),
-        );
+        check(&[logits], &|t| token_log_probs(&t[0], &targets).unwrap(), &|t| {
+            token_log_probs_composite(&t[0], &targets).unwrap()
+        });
     }
 }

@@ -44,20 +44,11 @@ pub fn sample(
     let prompts: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
     let batch = PaddedBatch::new(&prompts, pad_id, Padding::Left, &dev)?;
     let mut key_mask = batch.key_mask;
-    let mut rngs: Vec<ChaCha8Rng> = requests
-        .iter()
-        .map(|r| ChaCha8Rng::seed_from_u64(r.seed))
-        .collect();
+    let mut rngs: Vec<ChaCha8Rng> = requests.iter().map(|r| ChaCha8Rng::seed_from_u64(r.seed)).collect();
     let mut active: Vec<usize> = (0..requests.len()).collect();
     let mut cache = model.new_cache();
     let len = key_mask[0].len();
-    let logits = model.forward(
-        &batch.ids,
-        &batch.positions,
-        &batch.bias,
-        Some(&mut cache),
-        Mode::Infer,
-    )?;
+    let logits = model.forward(&batch.ids, &batch.positions, &batch.bias, Some(&mut cache), Mode::Infer)?;
     let mut last = logits.narrow(1, len - 1, 1)?.squeeze(1)?;
     for step in 0..params.max_new_tokens {
         let rows: Vec<Vec<f32>> = last.to_dtype(candle_core::DType::F32)?.to_vec2()?;
@@ -88,9 +79,7 @@ pub fn sample(
         let ids = Tensor::from_vec(next, (n, 1), &dev)?;
         let pos = position_ids(&key_mask, 1, &dev)?;
         let bias = attention_bias(&key_mask, 1, &dev)?;
-        last = model
-            .forward(&ids, &pos, &bias, Some(&mut cache), Mode::Infer)?
-            .squeeze(1)?;
+        last = model.forward(&ids, &pos, &bias, Some(&mut cache), Mode::Infer)?.squeeze(1)?;
     }
     Ok(out)
 }
@@ -112,11 +101,7 @@ pub fn pick_token(logits: &[f32], p: &SamplingParams, rng: &mut impl Rng) -> u32
         return argmax(logits);
     }
     let t = p.temperature as f32;
-    let mut cand: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &x)| (i as u32, x / t))
-        .collect();
+    let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &x)| (i as u32, x / t)).collect();
     if let Some(k) = p.top_k.filter(|&k| k > 0 && k < cand.len()) {
         cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
         cand.truncate(k);
@@ -152,12 +137,7 @@ pub fn pick_token(logits: &[f32], p: &SamplingParams, rng: &mut impl Rng) -> u32
 }
 
 /// Greedy decoding of a single prompt, the reference path for tests of the batched sampler.
-pub fn greedy(
-    model: &CausalLm,
-    prompt: &[u32],
-    max_new_tokens: usize,
-    stop_ids: &[u32],
-) -> Result<Vec<u32>> {
+pub fn greedy(model: &CausalLm, prompt: &[u32], max_new_tokens: usize, stop_ids: &[u32]) -> Result<Vec<u32>> {
     let dev = model.device().clone();
     let mut ids = prompt.to_vec();
     let mut out = Vec::new();
@@ -167,11 +147,7 @@ pub fn greedy(
         let pos = Tensor::arange(0u32, n as u32, &dev)?.unsqueeze(0)?;
         let bias = attention_bias(&[vec![1u8; n]], n, &dev)?;
         let logits = model.forward(&t, &pos, &bias, None, Mode::Infer)?;
-        let tok = logits
-            .narrow(1, n - 1, 1)?
-            .squeeze(1)?
-            .argmax(D::Minus1)?
-            .to_vec1::<u32>()?[0];
+        let tok = logits.narrow(1, n - 1, 1)?.squeeze(1)?.argmax(D::Minus1)?.to_vec1::<u32>()?[0];
         out.push(tok);
         if stop_ids.contains(&tok) {
             break;

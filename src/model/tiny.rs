@@ -40,10 +40,7 @@ pub fn weight_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
     let q = cfg.num_attention_heads * cfg.head_dim;
     let kv = cfg.num_key_value_heads * cfg.head_dim;
-    let mut w = vec![
-        ("model.embed_tokens.weight".to_string(), vec![v, h]),
-        ("model.norm.weight".into(), vec![h]),
-    ];
+    let mut w = vec![("model.embed_tokens.weight".to_string(), vec![v, h]), ("model.norm.weight".into(), vec![h])];
     if !cfg.tie_word_embeddings {
         w.push(("lm_head.weight".into(), vec![v, h]));
     }
@@ -113,8 +110,7 @@ pub fn word_tokenizer(vocab: usize) -> Result<ChatTokenizer> {
         "decoder": null,
         "model": {"type": "WordLevel", "vocab": words, "unk_token": "<unk>"}
     });
-    let tok =
-        tokenizers::Tokenizer::from_bytes(serde_json::to_vec(&j)?).map_err(|e| anyhow!("{e}"))?;
+    let tok = tokenizers::Tokenizer::from_bytes(serde_json::to_vec(&j)?).map_err(|e| anyhow!("{e}"))?;
     let mut t = ChatTokenizer::new(tok, None, Some(1))?;
     t.pad_id = 0;
     t.eos_token = Some("<eos>".into());
@@ -122,21 +118,11 @@ pub fn word_tokenizer(vocab: usize) -> Result<ChatTokenizer> {
 }
 
 /// A complete tiny model (f32 unless `dtype` says otherwise) with its tokenizer.
-pub fn tiny_model(
-    architecture: Architecture,
-    tie: bool,
-    seed: u64,
-    dtype: DType,
-) -> Result<LoadedModel> {
+pub fn tiny_model(architecture: Architecture, tie: bool, seed: u64, dtype: DType) -> Result<LoadedModel> {
     let dev = Device::Cpu;
     let cfg = tiny_config(architecture, 40, tie);
     let varmap = random_varmap(&cfg, seed, dtype, &dev)?;
     let vb = candle_nn::VarBuilder::from_varmap(&varmap, dtype, &dev);
     let model = CausalLm::load(vb, &cfg)?;
-    Ok(LoadedModel {
-        model,
-        varmap,
-        tokenizer: word_tokenizer(cfg.vocab_size)?,
-        source: format!("tiny:{seed}"),
-    })
+    Ok(LoadedModel { model, varmap, tokenizer: word_tokenizer(cfg.vocab_size)?, source: format!("tiny:{seed}") })
 }

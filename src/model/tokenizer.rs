@@ -40,10 +40,7 @@ impl ChatTemplate {
                 }
             }
         }
-        Some(Self {
-            default_system,
-            source: source.to_string(),
-        })
+        Some(Self { default_system, source: source.to_string() })
     }
 
     /// The prompt for one user turn, ending with the assistant header (add_generation_prompt).
@@ -52,9 +49,7 @@ impl ChatTemplate {
         if let Some(sys) = system.or(self.default_system.as_deref()) {
             s.push_str(&format!("<|im_start|>system\n{sys}<|im_end|>\n"));
         }
-        s.push_str(&format!(
-            "<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
-        ));
+        s.push_str(&format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"));
         s
     }
 }
@@ -73,11 +68,7 @@ pub struct ChatTokenizer {
 }
 
 impl ChatTokenizer {
-    pub fn new(
-        tokenizer: Tokenizer,
-        chat_template: Option<String>,
-        eos_id: Option<u32>,
-    ) -> Result<Self> {
+    pub fn new(tokenizer: Tokenizer, chat_template: Option<String>, eos_id: Option<u32>) -> Result<Self> {
         let chat_template = chat_template.as_deref().and_then(ChatTemplate::parse);
         let id = |s: &str| tokenizer.token_to_id(s);
         let mut stop_ids: Vec<u32> = eos_id.into_iter().collect();
@@ -90,46 +81,25 @@ impl ChatTokenizer {
             }
         }
         if stop_ids.is_empty() {
-            bail!(
-                "the tokenizer has no end-of-sequence token; pbrl cannot tell when an answer ends"
-            );
+            bail!("the tokenizer has no end-of-sequence token; pbrl cannot tell when an answer ends");
         }
-        let pad_id = id("<|endoftext|>")
-            .or_else(|| id("<pad>"))
-            .unwrap_or(stop_ids[0]);
+        let pad_id = id("<|endoftext|>").or_else(|| id("<pad>")).unwrap_or(stop_ids[0]);
         let eos_token = eos_id.and_then(|i| tokenizer.id_to_token(i));
-        Ok(Self {
-            tokenizer,
-            chat_template,
-            stop_ids,
-            pad_id,
-            bos_token: None,
-            eos_token,
-        })
+        Ok(Self { tokenizer, chat_template, stop_ids, pad_id, bos_token: None, eos_token })
     }
 
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .tokenizer
-            .encode(text, false)
-            .map_err(|e| anyhow!("tokenizer: {e}"))?;
+        let enc = self.tokenizer.encode(text, false).map_err(|e| anyhow!("tokenizer: {e}"))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Text of generated tokens, special tokens (the stop token) removed.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.tokenizer
-            .decode(ids, true)
-            .map_err(|e| anyhow!("tokenizer: {e}"))
+        self.tokenizer.decode(ids, true).map_err(|e| anyhow!("tokenizer: {e}"))
     }
 
     /// The exact text an agent is given: the chat-templated turn, or the raw prompt.
-    pub fn format_prompt(
-        &self,
-        use_chat_template: bool,
-        system: Option<&str>,
-        user: &str,
-    ) -> Result<String> {
+    pub fn format_prompt(&self, use_chat_template: bool, system: Option<&str>, user: &str) -> Result<String> {
         if !use_chat_template {
             return Ok(match system {
                 Some(s) => format!("{s}\n\n{user}"),
@@ -166,9 +136,7 @@ impl ChatTokenizer {
 }
 
 fn md<'a>(ct: &'a Content, k: &str) -> Result<&'a GgufValue> {
-    ct.metadata
-        .get(k)
-        .with_context(|| format!("GGUF has no metadata `{k}`"))
+    ct.metadata.get(k).with_context(|| format!("GGUF has no metadata `{k}`"))
 }
 
 /// A Hugging Face `tokenizer.json` equivalent to the GGUF's embedded byte-level BPE vocabulary.
@@ -180,12 +148,7 @@ pub fn tokenizer_json_from_gguf(ct: &Content) -> Result<Value> {
     let tokens = md(ct, "tokenizer.ggml.tokens")?.to_vec()?;
     let merges = md(ct, "tokenizer.ggml.merges")?.to_vec()?;
     let types = md(ct, "tokenizer.ggml.token_type")?.to_vec()?;
-    let pre = ct
-        .metadata
-        .get("tokenizer.ggml.pre")
-        .and_then(|v| v.to_string().ok())
-        .cloned()
-        .unwrap_or_default();
+    let pre = ct.metadata.get("tokenizer.ggml.pre").and_then(|v| v.to_string().ok()).cloned().unwrap_or_default();
 
     let mut vocab = serde_json::Map::with_capacity(tokens.len());
     let mut added = Vec::new();
@@ -195,10 +158,8 @@ pub fn tokenizer_json_from_gguf(ct: &Content) -> Result<Value> {
         // llama.cpp token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
         let ty = ty.to_i32()?;
         if ty == 3 || ty == 4 {
-            added.push(
-                json!({"id": id, "content": tok, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": ty == 3}),
-            );
+            added.push(json!({"id": id, "content": tok, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": ty == 3}));
         }
     }
     // Merges are stored as "left right"; byte-level symbols never contain a real space.
@@ -206,9 +167,7 @@ pub fn tokenizer_json_from_gguf(ct: &Content) -> Result<Value> {
         .iter()
         .map(|m| {
             let s = m.to_string()?;
-            let (a, b) = s
-                .split_once(' ')
-                .with_context(|| format!("GGUF merge `{s}` has no space"))?;
+            let (a, b) = s.split_once(' ').with_context(|| format!("GGUF merge `{s}` has no space"))?;
             Ok(json!([a, b]))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -220,7 +179,9 @@ pub fn tokenizer_json_from_gguf(ct: &Content) -> Result<Value> {
             "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level]
         }),
         "gpt-2" | "default" | "" => byte_level,
-        other => bail!("GGUF pre-tokenizer `{other}` is not supported; use a Hugging Face directory with tokenizer.json"),
+        other => {
+            bail!("GGUF pre-tokenizer `{other}` is not supported; use a Hugging Face directory with tokenizer.json")
+        }
     };
     let unk = ct
         .metadata
@@ -251,16 +212,9 @@ pub fn chat_tokenizer_from_gguf(ct: &Content, eos_id: Option<u32>) -> Result<Cha
     let json = tokenizer_json_from_gguf(ct)?;
     let tokenizer = Tokenizer::from_bytes(serde_json::to_vec(&json)?)
         .map_err(|e| anyhow!("building the tokenizer from GGUF metadata: {e}"))?;
-    let template = ct
-        .metadata
-        .get("tokenizer.chat_template")
-        .and_then(|v| v.to_string().ok())
-        .cloned();
+    let template = ct.metadata.get("tokenizer.chat_template").and_then(|v| v.to_string().ok()).cloned();
     let mut t = ChatTokenizer::new(tokenizer, template, eos_id)?;
-    let bos = ct
-        .metadata
-        .get("tokenizer.ggml.bos_token_id")
-        .and_then(|v| v.to_u32().ok());
+    let bos = ct.metadata.get("tokenizer.ggml.bos_token_id").and_then(|v| v.to_u32().ok());
     t.bos_token = bos.and_then(|i| t.tokenizer.id_to_token(i));
     Ok(t)
 }
@@ -271,20 +225,15 @@ pub fn chat_tokenizer_from_files(
     tokenizer_config: Option<&std::path::Path>,
     eos_id: Option<u32>,
 ) -> Result<ChatTokenizer> {
-    let tokenizer = Tokenizer::from_file(tokenizer_json)
-        .map_err(|e| anyhow!("{}: {e}", tokenizer_json.display()))?;
+    let tokenizer = Tokenizer::from_file(tokenizer_json).map_err(|e| anyhow!("{}: {e}", tokenizer_json.display()))?;
     let mut template = None;
     let mut eos_name = None;
     let mut bos_name = None;
     if let Some(p) = tokenizer_config.filter(|p| p.exists()) {
-        let v: Value = serde_json::from_slice(&std::fs::read(p)?)
-            .with_context(|| format!("{}: invalid JSON", p.display()))?;
+        let v: Value =
+            serde_json::from_slice(&std::fs::read(p)?).with_context(|| format!("{}: invalid JSON", p.display()))?;
         template = v["chat_template"].as_str().map(str::to_string);
-        let name = |x: &Value| {
-            x.as_str()
-                .map(str::to_string)
-                .or_else(|| x["content"].as_str().map(str::to_string))
-        };
+        let name = |x: &Value| x.as_str().map(str::to_string).or_else(|| x["content"].as_str().map(str::to_string));
         eos_name = name(&v["eos_token"]);
         bos_name = name(&v["bos_token"]);
     }

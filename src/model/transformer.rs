@@ -53,20 +53,10 @@ pub struct Linear {
 }
 
 impl Linear {
-    fn load(
-        vb: &VarBuilder,
-        in_dim: usize,
-        out_dim: usize,
-        name: &str,
-        bias: bool,
-    ) -> Result<Self> {
+    fn load(vb: &VarBuilder, in_dim: usize, out_dim: usize, name: &str, bias: bool) -> Result<Self> {
         let vb = vb.pp(name);
         let weight = required(&vb, (out_dim, in_dim), "weight")?;
-        let bias = if bias {
-            Some(required(&vb, out_dim, "bias")?)
-        } else {
-            None
-        };
+        let bias = if bias { Some(required(&vb, out_dim, "bias")?) } else { None };
         Ok(Self { weight, bias })
     }
 
@@ -103,21 +93,15 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     fn load(vb: &VarBuilder, dim: usize, name: &str, eps: f64) -> Result<Self> {
-        Ok(Self {
-            weight: required(&vb.pp(name), dim, "weight")?,
-            eps,
-        })
+        Ok(Self { weight: required(&vb.pp(name), dim, "weight")?, eps })
     }
 
     pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         Ok(match mode {
-            Mode::Infer => {
-                candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32)?
-            }
+            Mode::Infer => candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32)?,
             Mode::Train => {
                 let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-                x.broadcast_div(&(ms + self.eps)?.sqrt()?)?
-                    .broadcast_mul(&self.weight)?
+                x.broadcast_div(&(ms + self.eps)?.sqrt()?)?.broadcast_mul(&self.weight)?
             }
         })
     }
@@ -139,20 +123,14 @@ pub struct RopeSlice {
 impl RotaryEmbedding {
     fn new(cfg: &ModelConfig, dtype: DType, dev: &Device) -> Result<Self> {
         let hd = cfg.head_dim;
-        let inv: Vec<f32> = (0..hd)
-            .step_by(2)
-            .map(|i| (1.0 / cfg.rope_theta.powf(i as f64 / hd as f64)) as f32)
-            .collect();
+        let inv: Vec<f32> =
+            (0..hd).step_by(2).map(|i| (1.0 / cfg.rope_theta.powf(i as f64 / hd as f64)) as f32).collect();
         let n = inv.len();
         let inv = Tensor::from_vec(inv, (1, n), dev)?;
-        let t = Tensor::arange(0u32, cfg.max_position_embeddings as u32, dev)?
-            .to_dtype(DType::F32)?
-            .reshape(((), 1))?;
+        let t =
+            Tensor::arange(0u32, cfg.max_position_embeddings as u32, dev)?.to_dtype(DType::F32)?.reshape(((), 1))?;
         let freqs = t.broadcast_mul(&inv)?;
-        Ok(Self {
-            cos: freqs.cos()?.to_dtype(dtype)?,
-            sin: freqs.sin()?.to_dtype(dtype)?,
-        })
+        Ok(Self { cos: freqs.cos()?.to_dtype(dtype)?, sin: freqs.sin()?.to_dtype(dtype)? })
     }
 
     fn slice(&self, positions: &Tensor) -> Result<RopeSlice> {
@@ -168,20 +146,9 @@ impl RotaryEmbedding {
 impl RopeSlice {
     /// (b·s, n·d) rows → (b, n, s, d) heads, rotated when `rotate`.
     #[allow(clippy::too_many_arguments)]
-    fn heads(
-        &self,
-        x: &Tensor,
-        b: usize,
-        s: usize,
-        n: usize,
-        d: usize,
-        rotate: bool,
-        mode: Mode,
-    ) -> Result<Tensor> {
+    fn heads(&self, x: &Tensor, b: usize, s: usize, n: usize, d: usize, rotate: bool, mode: Mode) -> Result<Tensor> {
         Ok(match mode {
-            Mode::Train => {
-                ops::split_heads(x, b, s, n, d, rotate.then_some((&self.cos, &self.sin)))?
-            }
+            Mode::Train => ops::split_heads(x, b, s, n, d, rotate.then_some((&self.cos, &self.sin)))?,
             Mode::Infer => {
                 let h = x.reshape((b, s, n, d))?.transpose(1, 2)?.contiguous()?;
                 if rotate {
@@ -202,18 +169,12 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(num_layers: usize) -> Self {
-        Self {
-            layers: vec![None; num_layers],
-        }
+        Self { layers: vec![None; num_layers] }
     }
 
     /// Number of cached positions.
     pub fn len(&self) -> usize {
-        self.layers
-            .first()
-            .and_then(|l| l.as_ref())
-            .map(|(k, _)| k.dim(2).unwrap_or(0))
-            .unwrap_or(0)
+        self.layers.first().and_then(|l| l.as_ref()).map(|(k, _)| k.dim(2).unwrap_or(0)).unwrap_or(0)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -286,9 +247,8 @@ impl Attention {
         let n_rep = nh / nkv;
         let q = q.reshape((b, nkv, n_rep * s, hd))?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let att = (q.matmul(&k.t()?)? * scale)?
-            .reshape((b, nkv, n_rep, s, kv_len))?
-            .broadcast_add(&bias.unsqueeze(1)?)?;
+        let att =
+            (q.matmul(&k.t()?)? * scale)?.reshape((b, nkv, n_rep, s, kv_len))?.broadcast_add(&bias.unsqueeze(1)?)?;
         let att = match mode {
             Mode::Infer => candle_nn::ops::softmax_last_dim(&att)?,
             Mode::Train => ops::softmax_last_dim(&att)?,
@@ -296,10 +256,7 @@ impl Attention {
         let y = att.reshape((b, nkv, n_rep * s, kv_len))?.matmul(&v)?; // (b, nkv, n_rep*s, hd)
         let y = match mode {
             Mode::Train => ops::merge_heads(&y.reshape((b, nh, s, hd))?)?,
-            Mode::Infer => y
-                .reshape((b, nh, s, hd))?
-                .transpose(1, 2)?
-                .reshape((b * s, nh * hd))?,
+            Mode::Infer => y.reshape((b, nh, s, hd))?.transpose(1, 2)?.reshape((b * s, nh * hd))?,
         };
         self.o_proj.forward(&y)
     }
@@ -343,12 +300,7 @@ impl DecoderLayer {
             self_attn: Attention::load(&vb.pp("self_attn"), cfg)?,
             mlp: Mlp::load(&vb.pp("mlp"), cfg)?,
             input_layernorm: RmsNorm::load(vb, cfg.hidden_size, "input_layernorm", eps)?,
-            post_attention_layernorm: RmsNorm::load(
-                vb,
-                cfg.hidden_size,
-                "post_attention_layernorm",
-                eps,
-            )?,
+            post_attention_layernorm: RmsNorm::load(vb, cfg.hidden_size, "post_attention_layernorm", eps)?,
         })
     }
 
@@ -383,11 +335,7 @@ impl CausalLm {
     /// Build from Hugging Face tensor names (`model.layers.N.self_attn.q_proj.weight`, ...).
     pub fn load(vb: VarBuilder, cfg: &ModelConfig) -> Result<Self> {
         let m = vb.pp("model");
-        let embed_tokens = required(
-            &m.pp("embed_tokens"),
-            (cfg.vocab_size, cfg.hidden_size),
-            "weight",
-        )?;
+        let embed_tokens = required(&m.pp("embed_tokens"), (cfg.vocab_size, cfg.hidden_size), "weight")?;
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| DecoderLayer::load(&m.pp(format!("layers.{i}")), cfg))
             .collect::<Result<Vec<_>>>()?;
@@ -398,14 +346,7 @@ impl CausalLm {
             Linear::load(&vb, cfg.hidden_size, cfg.vocab_size, "lm_head", false)?
         };
         let rotary = RotaryEmbedding::new(cfg, vb.dtype(), vb.device())?;
-        Ok(Self {
-            config: cfg.clone(),
-            embed_tokens,
-            layers,
-            norm,
-            lm_head,
-            rotary,
-        })
+        Ok(Self { config: cfg.clone(), embed_tokens, layers, norm, lm_head, rotary })
     }
 
     pub fn device(&self) -> &Device {
@@ -431,9 +372,7 @@ impl CausalLm {
         mode: Mode,
     ) -> Result<Tensor> {
         let (b, s) = ids.dims2()?;
-        Ok(self
-            .forward_rows(ids, positions, bias, cache, mode)?
-            .reshape((b, s, self.config.hidden_size))?)
+        Ok(self.forward_rows(ids, positions, bias, cache, mode)?.reshape((b, s, self.config.hidden_size))?)
     }
 
     /// The final hidden states as (b·s, hidden) rows. Activations stay 2-D through every layer,

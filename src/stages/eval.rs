@@ -31,17 +31,13 @@ pub fn sampling_params(cfg: &Config) -> SamplingParams {
 }
 
 pub fn run(cfg: &Config, run_dir: &RunDir) -> Result<EvalReport> {
-    let eval_file = cfg
-        .task
-        .eval_file
-        .as_ref()
-        .context("task.eval_file is not set: pbrl eval needs held-out items")?;
+    let eval_file = cfg.task.eval_file.as_ref().context("task.eval_file is not set: pbrl eval needs held-out items")?;
     let mut items = load_items(eval_file)?;
     if cfg.eval_num_samples == 0 {
         bail!("eval_num_samples is 0: nothing to evaluate");
     }
     items.truncate(cfg.eval_num_samples as usize);
-    let (mut reward, processor) = build_reward(&cfg.reward)?;
+    let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
     let team = load_team(cfg, run_dir)?;
     let params = sampling_params(cfg);
 
@@ -56,44 +52,21 @@ pub fn run(cfg: &Config, run_dir: &RunDir) -> Result<EvalReport> {
         let mut prompts = Vec::with_capacity(team.len());
         let mut completions = Vec::with_capacity(team.len());
         for agent in &team {
-            let texts = batch
-                .iter()
-                .map(|it| agent.prompt_for(it))
-                .collect::<Result<Vec<_>>>()?;
+            let texts = batch.iter().map(|it| agent.prompt_for(it)).collect::<Result<Vec<_>>>()?;
             let requests = texts
                 .iter()
                 .enumerate()
                 .map(|(j, t)| {
-                    let seed = derive_seed(
-                        cfg.seed,
-                        &[purpose::EVAL, (first + j) as u64, agent.index as u64],
-                    );
-                    Ok(SampleRequest {
-                        prompt: agent.model.tokenizer.encode(t)?,
-                        seed,
-                    })
+                    let seed = derive_seed(cfg.seed, &[purpose::EVAL, (first + j) as u64, agent.index as u64]);
+                    Ok(SampleRequest { prompt: agent.model.tokenizer.encode(t)?, seed })
                 })
                 .collect::<Result<Vec<_>>>()?;
             let tok = &agent.model.tokenizer;
-            let out = sample(
-                &agent.model.model,
-                &requests,
-                &params,
-                &tok.stop_ids,
-                tok.pad_id,
-                |n| {
-                    generated += n;
-                    bar.set_message(format!(
-                        "{:.1} tok/s",
-                        generated as f64 / started.elapsed().as_secs_f64()
-                    ));
-                },
-            )?;
-            completions.push(
-                out.iter()
-                    .map(|ids| tok.decode(ids))
-                    .collect::<Result<Vec<_>>>()?,
-            );
+            let out = sample(&agent.model.model, &requests, &params, &tok.stop_ids, tok.pad_id, |n| {
+                generated += n;
+                bar.set_message(format!("{:.1} tok/s", generated as f64 / started.elapsed().as_secs_f64()));
+            })?;
+            completions.push(out.iter().map(|ids| tok.decode(ids)).collect::<Result<Vec<_>>>()?);
             prompts.push(texts);
         }
         for (j, item) in batch.iter().enumerate() {
@@ -113,10 +86,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir) -> Result<EvalReport> {
     let mean = rewards.iter().sum::<f64>() / rewards.len() as f64;
     let metrics = json!({"eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean});
     let report = json!({"metrics": metrics, "items": records});
-    let path = unused_path(
-        &run_dir.eval(),
-        &chrono::Utc::now().format("eval-%Y%m%dT%H%M%SZ").to_string(),
-    );
+    let path = unused_path(&run_dir.eval(), &chrono::Utc::now().format("eval-%Y%m%dT%H%M%SZ").to_string());
     atomic_write(&path, serde_json::to_string_pretty(&report)?.as_bytes())?;
     run_dir.log_metrics(&json!({
         "stage": "eval", "time": chrono::Utc::now().to_rfc3339(), "num_items": rewards.len(),
@@ -128,10 +98,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir) -> Result<EvalReport> {
     println!("eval/turn_1/reward_mean     {mean:.4}");
     println!("eval/turn_1/expected_return {mean:.4}");
     println!("report: {}", path.display());
-    Ok(EvalReport {
-        reward_mean: mean,
-        path,
-    })
+    Ok(EvalReport { reward_mean: mean, path })
 }
 
 /// `<dir>/<stem>.json`, or `<stem>-2.json`, ... if a report of the same second exists.
@@ -146,10 +113,7 @@ fn unused_path(dir: &std::path::Path, stem: &str) -> std::path::PathBuf {
 }
 
 fn print_table(records: &[serde_json::Value]) {
-    println!(
-        "{:>4}  {:>8}  completion lengths (chars) and openings",
-        "item", "reward"
-    );
+    println!("{:>4}  {:>8}  completion lengths (chars) and openings", "item", "reward");
     for (i, r) in records.iter().enumerate() {
         let comps = r["completions"].as_array().cloned().unwrap_or_default();
         let cells: Vec<String> = comps
@@ -160,10 +124,6 @@ fn print_table(records: &[serde_json::Value]) {
                 format!("{:>4} {head:<28}", s.chars().count())
             })
             .collect();
-        println!(
-            "{i:>4}  {:>8.4}  {}",
-            r["reward"].as_f64().unwrap_or(f64::NAN),
-            cells.join(" | ")
-        );
+        println!("{i:>4}  {:>8.4}  {}", r["reward"].as_f64().unwrap_or(f64::NAN), cells.join(" | "));
     }
 }

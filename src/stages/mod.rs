@@ -1,2 +1,3 @@
 //! One file per subcommand, each readable top to bottom: load → loop → save.
+pub mod collect;
 pub mod eval;

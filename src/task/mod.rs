@@ -1,4 +1,5 @@
 //! Task items, prompt templates, and the task reward.
+pub mod command;
 pub mod reward;
 
 use std::path::Path;
@@ -11,22 +12,17 @@ pub type TaskItem = Map<String, Value>;
 
 /// Read a JSONL file of task items; errors name the file and line.
 pub fn load_items(path: &Path) -> Result<Vec<TaskItem>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read task file {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read task file {}", path.display()))?;
     let mut items = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let v: Value = serde_json::from_str(line)
-            .with_context(|| format!("{} line {}: invalid JSON", path.display(), i + 1))?;
+        let v: Value =
+            serde_json::from_str(line).with_context(|| format!("{} line {}: invalid JSON", path.display(), i + 1))?;
         match v {
             Value::Object(m) => items.push(m),
-            _ => bail!(
-                "{} line {}: a task item must be a JSON object",
-                path.display(),
-                i + 1
-            ),
+            _ => bail!("{} line {}: a task item must be a JSON object", path.display(), i + 1),
         }
     }
     if items.is_empty() {
@@ -50,9 +46,7 @@ pub fn render_template(template: &str, item: &TaskItem) -> Result<String> {
         if tail.starts_with('}') {
             bail!("template `{template}`: unmatched `}}` (write `}}}}` for a literal brace)");
         }
-        let end = tail
-            .find('}')
-            .with_context(|| format!("template `{template}`: unclosed `{{`"))?;
+        let end = tail.find('}').with_context(|| format!("template `{template}`: unclosed `{{`"))?;
         let field = &tail[1..end];
         let value = item.get(field).with_context(|| {
             let keys: Vec<&str> = item.keys().map(String::as_str).collect();

@@ -5,10 +5,16 @@ use serde::Deserialize;
 use super::TaskItem;
 use crate::config::RewardConfig;
 
-/// A task reward. `completions[a]` is agent a's completion of the joint response.
+/// A task reward. `completions[a]` is agent a's completion of the joint response; the task item
+/// is passed so rewards can read its fields (targets, answers, keywords).
 pub trait TaskReward: Send {
-    fn score(&mut self, item: &TaskItem, prompts: &[String], completions: &[String])
-        -> Result<f64>;
+    fn score(&mut self, item: &TaskItem, prompts: &[String], completions: &[String]) -> Result<f64>;
+
+    /// Scores of several joint responses to one item (`joints[k][a]`); external programs
+    /// answer them in one request.
+    fn score_batch(&mut self, item: &TaskItem, prompts: &[String], joints: &[Vec<String>]) -> Result<Vec<f64>> {
+        joints.iter().map(|c| self.score(item, prompts, c)).collect()
+    }
 }
 
 /// The reference's quick-start length-ratio reward: agent 1's answer should be between
@@ -47,17 +53,9 @@ impl LengthRatio {
 }
 
 impl TaskReward for LengthRatio {
-    fn score(
-        &mut self,
-        _item: &TaskItem,
-        _prompts: &[String],
-        completions: &[String],
-    ) -> Result<f64> {
+    fn score(&mut self, _item: &TaskItem, _prompts: &[String], completions: &[String]) -> Result<f64> {
         if completions.len() != 2 {
-            bail!(
-                "the length_ratio reward compares exactly 2 agents, got {}",
-                completions.len()
-            );
+            bail!("the length_ratio reward compares exactly 2 agents, got {}", completions.len());
         }
         Ok(self.value(&completions[0], &completions[1]))
     }
@@ -76,29 +74,197 @@ impl RewardProcessor {
     }
 }
 
+/// Parse a reward's parameters from the `[reward]` table, naming the key on error.
+fn params<T: serde::de::DeserializeOwned>(cfg: &RewardConfig) -> Result<T> {
+    serde_path_to_error::deserialize(toml::Value::Table(cfg.params.clone()))
+        .map_err(|e| anyhow::anyhow!("reward.{}: {}", e.path(), e.inner().message()))
+        .with_context(|| format!("[reward] parameters for kind `{}`", cfg.kind))
+}
+
 /// The configured reward and its processor.
-pub fn build_reward(cfg: &RewardConfig) -> Result<(Box<dyn TaskReward>, RewardProcessor)> {
-    let params = toml::Value::Table(cfg.params.clone());
-    let parse_err = |kind: &str| format!("[reward] parameters for kind `{kind}`");
+pub fn build_reward(cfg: &RewardConfig, timeout_s: f64) -> Result<(Box<dyn TaskReward>, RewardProcessor)> {
     let reward: Box<dyn TaskReward> = match cfg.kind.as_str() {
         "length_ratio" => {
-            let r: LengthRatio = serde_path_to_error::deserialize(params)
-                .map_err(|e| anyhow::anyhow!("reward.{}: {}", e.path(), e.inner().message()))
-                .with_context(|| parse_err("length_ratio"))?;
+            let r: LengthRatio = params(cfg)?;
             if !(r.target_min > 0.0 && r.target_min <= r.target_max) {
                 bail!("reward.target_min must be > 0 and <= reward.target_max");
             }
             Box::new(r)
         }
-        other => bail!("unknown reward kind `{other}` (known: length_ratio)"),
+        "tldr_length" => Box::new(params::<TldrLength>(cfg)?),
+        "numeric_answer" => Box::new(params::<NumericAnswer>(cfg)?),
+        "keywords" => {
+            let k: Keywords = params(cfg)?;
+            Box::new(k.compile()?)
+        }
+        "command" => {
+            let c: super::command::CommandParams = params(cfg)?;
+            Box::new(super::command::CommandReward::spawn(&c.command, timeout_s)?)
+        }
+        other => {
+            bail!("unknown reward kind `{other}` (known: length_ratio, tldr_length, numeric_answer, keywords, command)")
+        }
     };
-    Ok((
-        reward,
-        RewardProcessor {
-            scale: cfg.scale,
-            shift: cfg.shift,
-        },
-    ))
+    Ok((reward, RewardProcessor { scale: cfg.scale, shift: cfg.shift }))
+}
+
+/// The reference's TL;DR dual-length reward: the detailed summary (agent 1) should be 2-3x as
+/// long as the concise one (agent 0), which should be about `target_chars` characters.
+/// Empty → −1; ratio score 1 in [2, 3], else 1 − (2 − r)/2 below or 1 − (r − 3)/3 above, floored
+/// at −1; length score 1 − |len0 − target|/tolerance clipped to [−1, 1]; reward
+/// clip(0.5·(ratio + length), −1, 1).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TldrLength {
+    #[serde(default = "tldr_target")]
+    pub target_chars: f64,
+    #[serde(default = "tldr_tolerance")]
+    pub tolerance: f64,
+}
+fn tldr_target() -> f64 {
+    220.0
+}
+fn tldr_tolerance() -> f64 {
+    110.0
+}
+
+impl TldrLength {
+    pub fn value(&self, concise: &str, detailed: &str) -> f64 {
+        let (l0, l1) = (concise.chars().count() as f64, detailed.chars().count() as f64);
+        if l0 == 0.0 || l1 == 0.0 {
+            return -1.0;
+        }
+        let r = l1 / l0;
+        let ratio = if r < 2.0 {
+            1.0 - (2.0 - r) / 2.0
+        } else if r > 3.0 {
+            1.0 - (r - 3.0) / 3.0
+        } else {
+            1.0
+        }
+        .max(-1.0);
+        let length = (1.0 - (l0 - self.target_chars).abs() / self.tolerance).clamp(-1.0, 1.0);
+        (0.5 * (ratio + length)).clamp(-1.0, 1.0)
+    }
+}
+
+impl TaskReward for TldrLength {
+    fn score(&mut self, _item: &TaskItem, _prompts: &[String], completions: &[String]) -> Result<f64> {
+        if completions.len() != 2 {
+            bail!("the tldr_length reward compares exactly 2 agents, got {}", completions.len());
+        }
+        Ok(self.value(&completions[0], &completions[1]))
+    }
+}
+
+/// Math tasks: the final agent's answer (its last `\boxed{...}`, else its last number) against
+/// the item's `answer_field`. 1 when equal within `tolerance`, else 0.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NumericAnswer {
+    #[serde(default = "answer_field")]
+    pub answer_field: String,
+    #[serde(default = "numeric_tolerance")]
+    pub tolerance: f64,
+}
+fn answer_field() -> String {
+    "answer".into()
+}
+fn numeric_tolerance() -> f64 {
+    1e-6
+}
+
+/// The last `\boxed{...}` content, else the last number in the text, as f64.
+pub fn extract_answer(text: &str) -> Option<f64> {
+    let number = |s: &str| -> Option<f64> {
+        let re = regex::Regex::new(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+").expect("valid regex");
+        re.find_iter(s).last().and_then(|m| m.as_str().replace(',', "").parse().ok())
+    };
+    if let Some(at) = text.rfind("\\boxed{") {
+        let inner = &text[at + "\\boxed{".len()..];
+        if let Some(end) = inner.find('}') {
+            if let Some(v) = number(&inner[..end]) {
+                return Some(v);
+            }
+        }
+    }
+    number(text)
+}
+
+impl TaskReward for NumericAnswer {
+    fn score(&mut self, item: &TaskItem, _prompts: &[String], completions: &[String]) -> Result<f64> {
+        let want = match item.get(&self.answer_field) {
+            Some(serde_json::Value::Number(n)) => n.as_f64(),
+            Some(serde_json::Value::String(s)) => extract_answer(s),
+            _ => None,
+        }
+        .with_context(|| format!("numeric_answer: the task item has no numeric `{}` field", self.answer_field))?;
+        let last = completions.last().map(String::as_str).unwrap_or("");
+        Ok(match extract_answer(last) {
+            Some(got) if (got - want).abs() <= self.tolerance => 1.0,
+            _ => 0.0,
+        })
+    }
+}
+
+/// Coverage of keywords (or regular expressions) by the joint response: the fraction of them
+/// found, case-insensitively, in the agents' texts together. Keywords come from the config
+/// (`keywords = [...]`) and/or the item's `keywords_field` (a list of strings).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Keywords {
+    #[serde(default)]
+    pub keywords: Vec<String>,
+    #[serde(default = "keywords_field")]
+    pub keywords_field: String,
+    /// Treat keywords as regular expressions.
+    #[serde(default)]
+    pub regex: bool,
+}
+fn keywords_field() -> String {
+    "keywords".into()
+}
+
+pub struct KeywordReward {
+    spec: Keywords,
+    fixed: Vec<regex::Regex>,
+}
+
+impl Keywords {
+    fn pattern(&self, k: &str) -> Result<regex::Regex> {
+        let p = if self.regex { k.to_string() } else { regex::escape(k) };
+        regex::RegexBuilder::new(&p)
+            .case_insensitive(true)
+            .build()
+            .with_context(|| format!("reward.keywords: invalid pattern `{k}`"))
+    }
+
+    pub fn compile(self) -> Result<KeywordReward> {
+        let fixed = self.keywords.iter().map(|k| self.pattern(k)).collect::<Result<Vec<_>>>()?;
+        Ok(KeywordReward { spec: self, fixed })
+    }
+}
+
+impl TaskReward for KeywordReward {
+    fn score(&mut self, item: &TaskItem, _prompts: &[String], completions: &[String]) -> Result<f64> {
+        let mut patterns = self.fixed.clone();
+        if let Some(v) = item.get(&self.spec.keywords_field) {
+            let list = v.as_array().with_context(|| {
+                format!("keywords: item field `{}` must be a list of strings", self.spec.keywords_field)
+            })?;
+            for k in list {
+                let k = k.as_str().with_context(|| {
+                    format!("keywords: item field `{}` must be a list of strings", self.spec.keywords_field)
+                })?;
+                patterns.push(self.spec.pattern(k)?);
+            }
+        }
+        if patterns.is_empty() {
+            bail!("keywords: no keywords (set reward.keywords or give items a `{}` list)", self.spec.keywords_field);
+        }
+        let text = completions.join("\n");
+        Ok(patterns.iter().filter(|p| p.is_match(&text)).count() as f64 / patterns.len() as f64)
+    }
 }
 
 #[cfg(test)]
@@ -107,10 +273,7 @@ mod tests {
 
     #[test]
     fn length_ratio_formula() {
-        let r = LengthRatio {
-            target_min: 2.0,
-            target_max: 3.0,
-        };
+        let r = LengthRatio { target_min: 2.0, target_max: 3.0 };
         assert_eq!(r.value("", "abc"), 0.0);
         assert_eq!(r.value("ab", "abcde"), 1.0); // 2.5
         assert_eq!(r.value("ab", "abcd"), 1.0); // exactly 2
@@ -122,19 +285,52 @@ mod tests {
 
     #[test]
     fn unknown_kind_and_param_are_errors() {
-        let mut cfg = RewardConfig {
-            kind: "nope".into(),
-            ..Default::default()
-        };
-        assert!(build_reward(&cfg)
-            .err()
-            .unwrap()
-            .to_string()
-            .contains("unknown reward kind `nope`"));
+        let mut cfg = RewardConfig { kind: "nope".into(), ..Default::default() };
+        assert!(build_reward(&cfg, 1.0).err().unwrap().to_string().contains("unknown reward kind `nope`"));
         cfg.kind = "length_ratio".into();
-        cfg.params
-            .insert("target_mn".into(), toml::Value::Float(1.0));
-        let e = format!("{:#}", build_reward(&cfg).err().unwrap());
+        cfg.params.insert("target_mn".into(), toml::Value::Float(1.0));
+        let e = format!("{:#}", build_reward(&cfg, 1.0).err().unwrap());
         assert!(e.contains("target_mn"), "{e}");
+    }
+
+    fn item(v: serde_json::Value) -> TaskItem {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn tldr_length_formula() {
+        let r = TldrLength { target_chars: 220.0, tolerance: 110.0 };
+        let s = |n: usize| "x".repeat(n);
+        assert_eq!(r.value("", "abc"), -1.0);
+        assert_eq!(r.value(&s(220), &s(550)), 1.0); // ratio 2.5, exact length
+        assert!((r.value(&s(220), &s(220)) - 0.75).abs() < 1e-12); // ratio 1 → 0.5; length 1
+        assert!((r.value(&s(110), &s(660)) - 0.0).abs() < 1e-12); // ratio 6 → 0; length 0
+        assert!((r.value(&s(440), &s(44000)) - (-1.0)).abs() < 1e-12); // both floored
+    }
+
+    #[test]
+    fn numeric_answer_reads_boxed_or_last_number() {
+        assert_eq!(extract_answer("so \\boxed{1,234} then 7"), Some(1234.0));
+        assert_eq!(extract_answer("first 3 then -4.5."), Some(-4.5));
+        assert_eq!(extract_answer("no digits"), None);
+        let mut r = NumericAnswer { answer_field: "answer".into(), tolerance: 1e-6 };
+        let it = item(serde_json::json!({"answer": 12}));
+        let c = |a: &str, b: &str| vec![a.to_string(), b.to_string()];
+        assert_eq!(r.score(&it, &[], &c("I think 3", "The total is 12.")).unwrap(), 1.0);
+        assert_eq!(r.score(&it, &[], &c("12", "The total is 13.")).unwrap(), 0.0, "the final agent answers");
+        let it = item(serde_json::json!({"answer": "#### 12"}));
+        assert_eq!(r.score(&it, &[], &c("", "\\boxed{12}")).unwrap(), 1.0);
+        assert!(r.score(&item(serde_json::json!({})), &[], &c("", "1")).is_err());
+    }
+
+    #[test]
+    fn keyword_coverage_from_config_and_item() {
+        let spec = Keywords { keywords: vec!["dragon".into()], keywords_field: "keywords".into(), regex: false };
+        let mut r = spec.compile().unwrap();
+        let it = item(serde_json::json!({"keywords": ["castle", "a.b"]}));
+        let c = vec!["The DRAGON slept.".to_string(), "Near the castle".to_string()];
+        assert!((r.score(&it, &[], &c).unwrap() - 2.0 / 3.0).abs() < 1e-12, "a.b is literal, not a pattern");
+        let spec = Keywords { keywords: vec![r"\bsle\w+".into()], keywords_field: "k".into(), regex: true };
+        assert_eq!(spec.compile().unwrap().score(&it, &[], &c).unwrap(), 1.0);
     }
 }

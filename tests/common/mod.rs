@@ -18,13 +18,8 @@ pub fn init() {
 /// A seeded random tensor shaped like `t` (same dtype), entries in [-1, 1).
 pub fn random_like(t: &Tensor, seed: u64) -> Tensor {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let v: Vec<f64> = (0..t.elem_count())
-        .map(|_| rng.random::<f64>() * 2.0 - 1.0)
-        .collect();
-    Tensor::from_vec(v, t.shape(), t.device())
-        .unwrap()
-        .to_dtype(t.dtype())
-        .unwrap()
+    let v: Vec<f64> = (0..t.elem_count()).map(|_| rng.random::<f64>() * 2.0 - 1.0).collect();
+    Tensor::from_vec(v, t.shape(), t.device()).unwrap().to_dtype(t.dtype()).unwrap()
 }
 
 pub fn repo() -> PathBuf {
@@ -34,11 +29,7 @@ pub fn repo() -> PathBuf {
 /// The bundled SmolLM2 GGUF; tests that need it fail with a clear message when it is missing.
 pub fn smollm2() -> PathBuf {
     let p = repo().join("models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/fetch-model.sh first",
-        p.display()
-    );
+    assert!(p.is_file(), "{} is missing: run scripts/fetch-model.sh first", p.display());
     p
 }
 

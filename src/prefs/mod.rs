@@ -1,0 +1,149 @@
+//! Preference data: pairs of joint responses, round files, pair selection, reward histograms.
+pub mod distribution;
+pub mod selection;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::run_dir::atomic_write;
+
+/// One preference: the winning and losing joint responses to the same prompts (one entry per
+/// agent in each list). The field names and order are the reference's record format, so round
+/// files move between pbrl and CoMLRL in both directions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PreferencePair {
+    /// The exact text each agent was given (after its template and chat template).
+    pub prompts: Vec<String>,
+    pub winner_completions: Vec<String>,
+    pub loser_completions: Vec<String>,
+    /// Oracle scores (after reward_processor).
+    pub winner_reward: f64,
+    pub loser_reward: f64,
+    /// Mean oracle score of all candidates compared for the item.
+    pub candidate_reward_mean: f64,
+    /// Iterative rounds: [winner, loser] before reward_processor.
+    #[serde(default)]
+    pub raw_rewards: Option<Vec<f64>>,
+    #[serde(default)]
+    pub target_raw_reward: Option<f64>,
+    #[serde(default)]
+    pub comparator_raw_reward: Option<f64>,
+}
+
+/// `iteration_NNNN.json`: one round of preference pairs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoundFile {
+    pub iteration: u32,
+    pub num_pairs: usize,
+    pub pairs: Vec<PreferencePair>,
+}
+
+impl RoundFile {
+    pub fn new(iteration: u32, pairs: Vec<PreferencePair>) -> Self {
+        Self { iteration, num_pairs: pairs.len(), pairs }
+    }
+
+    /// Read and check a round file (the pair count, and one entry per agent in every list).
+    pub fn load(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("cannot read round file {}", path.display()))?;
+        let round: RoundFile = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{} line {}: not a preference round file: {e}", path.display(), e.line()))?;
+        if round.num_pairs != round.pairs.len() {
+            bail!("{}: num_pairs is {} but it holds {} pairs", path.display(), round.num_pairs, round.pairs.len());
+        }
+        for (i, p) in round.pairs.iter().enumerate() {
+            let n = p.prompts.len();
+            if p.winner_completions.len() != n || p.loser_completions.len() != n {
+                bail!(
+                    "{}: pair {i} has {n} prompts but {} winner and {} loser completions",
+                    path.display(),
+                    p.winner_completions.len(),
+                    p.loser_completions.len()
+                );
+            }
+        }
+        Ok(round)
+    }
+
+    /// Written as compact JSON (like the reference), atomically.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        atomic_write(path, serde_json::to_string(self)?.as_bytes())
+    }
+}
+
+/// `<dir>/iteration_NNNN.json`.
+pub fn round_path(dir: &Path, iteration: u32) -> PathBuf {
+    dir.join(format!("iteration_{iteration:04}.json"))
+}
+
+/// The round numbers present in `dir`, ascending.
+pub fn existing_rounds(dir: &Path) -> Result<Vec<u32>> {
+    let mut out = Vec::new();
+    if !dir.is_dir() {
+        return Ok(out);
+    }
+    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let name = e?.file_name().to_string_lossy().to_string();
+        if let Some(n) =
+            name.strip_prefix("iteration_").and_then(|r| r.strip_suffix(".json")).and_then(|n| n.parse().ok())
+        {
+            out.push(n);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> PreferencePair {
+        PreferencePair {
+            prompts: vec!["p0".into(), "p1".into()],
+            winner_completions: vec!["a".into(), "bb".into()],
+            loser_completions: vec!["c".into(), "d".into()],
+            winner_reward: 0.9,
+            loser_reward: 0.1,
+            candidate_reward_mean: 0.5,
+            raw_rewards: None,
+            target_raw_reward: None,
+            comparator_raw_reward: None,
+        }
+    }
+
+    #[test]
+    fn round_files_round_trip_with_every_record_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = round_path(dir.path(), 3);
+        assert!(path.ends_with("iteration_0003.json"));
+        let round = RoundFile::new(3, vec![pair()]);
+        round.save(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        for key in [
+            "\"iteration\":3",
+            "\"num_pairs\":1",
+            "\"raw_rewards\":null",
+            "\"target_raw_reward\":null",
+            "\"comparator_raw_reward\":null",
+        ] {
+            assert!(text.contains(key), "{key} missing in {text}");
+        }
+        assert_eq!(RoundFile::load(&path).unwrap(), round);
+        assert_eq!(existing_rounds(dir.path()).unwrap(), vec![3]);
+    }
+
+    #[test]
+    fn inconsistent_round_files_are_rejected_with_the_file_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("iteration_0001.json");
+        std::fs::write(&path, r#"{"iteration": 1, "num_pairs": 2, "pairs": []}"#).unwrap();
+        assert!(RoundFile::load(&path).unwrap_err().to_string().contains("num_pairs is 2"));
+        std::fs::write(&path, "{\"iteration\": 1,\n \"pairs\": 3}").unwrap();
+        let e = RoundFile::load(&path).unwrap_err().to_string();
+        assert!(e.contains("iteration_0001.json line 2"), "{e}");
+    }
+}

@@ -1,0 +1,153 @@
+//! `pbrl collect`: sample candidates from the current agents, score each joint response with
+//! the oracle, build preference pairs, and write the next round file.
+//!
+//! 1. load the train items and the team (trained agents if the run has them);
+//! 2. per batch of `collect_batch_size` items, each agent samples `preference_num_candidates`
+//!    completions per item (all of them in one batched call); candidate k of every agent is
+//!    joint response k;
+//! 3. the oracle scores each joint response: the task reward, then reward_processor;
+//! 4. pairs: every ordered pair with a positive score gap, ordered by `pair_selection` and cut
+//!    to `preference_pairs_per_sample` (reference §5.1);
+//! 5. write `<replay dir>/iteration_NNNN.json` atomically (and the reward histogram when asked).
+use anyhow::{bail, Context, Result};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+
+use crate::agents::load_team;
+use crate::config::Config;
+use crate::model::sampling::{sample, SampleRequest};
+use crate::prefs::distribution::{distribution_record, histogram, svg};
+use crate::prefs::selection::{select_pairs, PairSelection};
+use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
+use crate::progress;
+use crate::rng::{derive_seed, purpose};
+use crate::run_dir::{atomic_write, RunDir};
+use crate::stages::eval::sampling_params;
+use crate::task::{load_items, reward::build_reward};
+
+pub struct CollectOptions {
+    /// Write this round number instead of the next free one.
+    pub round: Option<u32>,
+    /// Replace an existing round file.
+    pub force: bool,
+}
+
+pub struct CollectReport {
+    pub path: std::path::PathBuf,
+    pub num_pairs: usize,
+}
+
+pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<CollectReport> {
+    let train_file = cfg.task.train_file.as_ref().context("task.train_file is not set: pbrl collect needs task items")?;
+    let items = load_items(train_file)?;
+    let replay_dir = cfg.replay_dir();
+    let round = match opts.round {
+        Some(0) => bail!("--round counts from 1"),
+        Some(n) => n,
+        None => existing_rounds(&replay_dir)?.last().map_or(1, |n| n + 1),
+    };
+    let path = round_path(&replay_dir, round);
+    if path.exists() && !opts.force {
+        bail!("{} exists; pass --force to replace it, or --round N for another round", path.display());
+    }
+    let mode = PairSelection::parse(&cfg.pair_selection).expect("validated pair_selection");
+    let per_sample = cfg.preference_pairs_per_sample.map(|k| k as usize);
+    let n_cand = cfg.preference_num_candidates as usize;
+    let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
+    let team = load_team(cfg, run_dir)?;
+    let params = sampling_params(cfg);
+
+    let bar = progress::bar(items.len() as u64, "collect");
+    let started = std::time::Instant::now();
+    let mut generated = 0usize;
+    let mut pairs = Vec::new();
+    let mut all_raw = Vec::new();
+    let mut all_scores = Vec::new();
+    let mut tied_items = 0usize;
+    let batch_items = cfg.collect_batch_size as usize;
+    for (b, batch) in items.chunks(batch_items).enumerate() {
+        let first = b * batch_items;
+        // prompts[a][j]; texts[a][j][k]: agent a, item j of the batch, candidate k.
+        let mut prompts = Vec::with_capacity(team.len());
+        let mut texts = Vec::with_capacity(team.len());
+        for agent in &team {
+            let tok = &agent.model.tokenizer;
+            let agent_prompts = batch.iter().map(|it| agent.prompt_for(it)).collect::<Result<Vec<_>>>()?;
+            let mut requests = Vec::with_capacity(batch.len() * n_cand);
+            for (j, p) in agent_prompts.iter().enumerate() {
+                let ids = tok.encode(p)?;
+                for k in 0..n_cand {
+                    let path = [purpose::COLLECT, round as u64, (first + j) as u64, agent.index as u64, k as u64];
+                    requests.push(SampleRequest { prompt: ids.clone(), seed: derive_seed(cfg.seed, &path) });
+                }
+            }
+            let out = sample(&agent.model.model, &requests, &params, &tok.stop_ids, tok.pad_id, |n| {
+                generated += n;
+                let rate = generated as f64 / started.elapsed().as_secs_f64();
+                bar.set_message(format!("{} pairs, {rate:.1} tok/s", pairs.len()));
+            })?;
+            let decoded = out.iter().map(|ids| tok.decode(ids)).collect::<Result<Vec<_>>>()?;
+            texts.push(decoded.chunks(n_cand).map(|c| c.to_vec()).collect::<Vec<_>>());
+            prompts.push(agent_prompts);
+        }
+        for (j, item) in batch.iter().enumerate() {
+            let item_prompts: Vec<String> = prompts.iter().map(|a| a[j].clone()).collect();
+            let joints: Vec<Vec<String>> = (0..n_cand).map(|k| texts.iter().map(|a| a[j][k].clone()).collect()).collect();
+            let raw = reward.score_batch(item, &item_prompts, &joints)?;
+            let scores: Vec<f64> = raw.iter().map(|&r| processor.apply(r)).collect();
+            if let Some(bad) = scores.iter().find(|s| !s.is_finite()) {
+                bail!("the reward of train item {} is not finite ({bad})", first + j);
+            }
+            let mean = scores.iter().sum::<f64>() / scores.len() as f64;
+            let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[purpose::PAIRS, round as u64, (first + j) as u64]));
+            let chosen = select_pairs(&scores, mode, per_sample, &mut rng);
+            if chosen.is_empty() {
+                tied_items += 1;
+            }
+            for (w, l) in chosen {
+                pairs.push(PreferencePair {
+                    prompts: item_prompts.clone(),
+                    winner_completions: joints[w].clone(),
+                    loser_completions: joints[l].clone(),
+                    winner_reward: scores[w],
+                    loser_reward: scores[l],
+                    candidate_reward_mean: mean,
+                    raw_rewards: None,
+                    target_raw_reward: None,
+                    comparator_raw_reward: None,
+                });
+            }
+            all_raw.extend(raw);
+            all_scores.extend(scores);
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+
+    let num_pairs = pairs.len();
+    if num_pairs == 0 {
+        tracing::warn!("no non-tied preference pairs: every item's candidates scored the same");
+        eprintln!("warning: no non-tied preference pairs in this round (every item's candidates tied)");
+    }
+    RoundFile::new(round, pairs).save(&path)?;
+    if cfg.log_reward_distribution {
+        let [lo, hi] = cfg.reward_range.expect("validated: reward_range is set");
+        let dir = run_dir.root.join("reward_distributions");
+        let rec = distribution_record(round, (lo, hi), &all_raw, &[]);
+        atomic_write(&dir.join(format!("iteration_{round:04}.json")), serde_json::to_string_pretty(&rec)?.as_bytes())?;
+        let (_, counts) = histogram(&all_raw, (lo, hi));
+        let title = format!("round {round}: candidate rewards");
+        atomic_write(&dir.join(format!("iteration_{round:04}.svg")), svg(&title, (lo, hi), &counts).as_bytes())?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let reward_mean = all_scores.iter().sum::<f64>() / all_scores.len().max(1) as f64;
+    run_dir.log_metrics(&json!({
+        "stage": "collect", "time": chrono::Utc::now().to_rfc3339(), "iteration": round,
+        "collect/num_pairs": num_pairs, "collect/reward_mean": reward_mean,
+        "collect/tied_items": tied_items, "collect/tokens_per_s": generated as f64 / secs,
+    }))?;
+    println!("round {round}: {num_pairs} pairs from {} items ({tied_items} tied), candidate reward mean {reward_mean:.4}", items.len());
+    println!("wrote {} in {secs:.1} s ({:.1} tok/s)", path.display(), generated as f64 / secs);
+    Ok(CollectReport { path, num_pairs })
+}
