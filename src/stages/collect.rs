@@ -39,7 +39,8 @@ pub struct CollectReport {
 }
 
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<CollectReport> {
-    let train_file = cfg.task.train_file.as_ref().context("task.train_file is not set: pbrl collect needs task items")?;
+    let train_file =
+        cfg.task.train_file.as_ref().context("task.train_file is not set: pbrl collect needs task items")?;
     let items = load_items(train_file)?;
     let replay_dir = cfg.replay_dir();
     let round = match opts.round {
@@ -93,14 +94,16 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
         }
         for (j, item) in batch.iter().enumerate() {
             let item_prompts: Vec<String> = prompts.iter().map(|a| a[j].clone()).collect();
-            let joints: Vec<Vec<String>> = (0..n_cand).map(|k| texts.iter().map(|a| a[j][k].clone()).collect()).collect();
+            let joints: Vec<Vec<String>> =
+                (0..n_cand).map(|k| texts.iter().map(|a| a[j][k].clone()).collect()).collect();
             let raw = reward.score_batch(item, &item_prompts, &joints)?;
             let scores: Vec<f64> = raw.iter().map(|&r| processor.apply(r)).collect();
             if let Some(bad) = scores.iter().find(|s| !s.is_finite()) {
                 bail!("the reward of train item {} is not finite ({bad})", first + j);
             }
             let mean = scores.iter().sum::<f64>() / scores.len() as f64;
-            let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[purpose::PAIRS, round as u64, (first + j) as u64]));
+            let mut rng =
+                ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[purpose::PAIRS, round as u64, (first + j) as u64]));
             let chosen = select_pairs(&scores, mode, per_sample, &mut rng);
             if chosen.is_empty() {
                 tied_items += 1;
@@ -147,7 +150,10 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
         "collect/num_pairs": num_pairs, "collect/reward_mean": reward_mean,
         "collect/tied_items": tied_items, "collect/tokens_per_s": generated as f64 / secs,
     }))?;
-    println!("round {round}: {num_pairs} pairs from {} items ({tied_items} tied), candidate reward mean {reward_mean:.4}", items.len());
+    println!(
+        "round {round}: {num_pairs} pairs from {} items ({tied_items} tied), candidate reward mean {reward_mean:.4}",
+        items.len()
+    );
     println!("wrote {} in {secs:.1} s ({:.1} tok/s)", path.display(), generated as f64 / secs);
     Ok(CollectReport { path, num_pairs })
 }
