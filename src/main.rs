@@ -9,6 +9,9 @@ use pbrl::config::{Config, Override};
 use pbrl::run_dir::RunDir;
 
 fn main() -> ExitCode {
+    // candle attaches a captured backtrace to its errors when RUST_BACKTRACE is set; error
+    // messages stay one line (panics still honour RUST_BACKTRACE).
+    std::env::set_var("RUST_LIB_BACKTRACE", "0");
     let cli = Cli::parse();
     init_logging(cli.verbose);
     pbrl::device::init_threads(cli.threads);

@@ -232,3 +232,19 @@ fn hf_dir_save_then_load_gives_identical_logits() {
         back.save_hf_dir(&path).unwrap();
     }
 }
+
+#[test]
+fn shared_prompts_are_prefilled_once_without_changing_samples() {
+    common::init();
+    let m = tiny_model(Architecture::Llama, false, 12, DType::F32).unwrap();
+    // Three candidates each of two prompts, interleaved, as collection batches them.
+    let prompts = [vec![5u32, 9, 13, 7], vec![3u32, 4]];
+    let reqs: Vec<SampleRequest> =
+        (0..6).map(|i| SampleRequest { prompt: prompts[i % 2].clone(), seed: 100 + i as u64 }).collect();
+    let batched = sample(&m.model, &reqs, &params(1.0), &[1], 0, |_| {}).unwrap();
+    for (r, got) in reqs.iter().zip(&batched) {
+        let alone = sample(&m.model, std::slice::from_ref(r), &params(1.0), &[1], 0, |_| {}).unwrap();
+        assert_eq!(&alone[0], got);
+    }
+    assert_ne!(batched[0], batched[2], "different seeds, different candidates");
+}

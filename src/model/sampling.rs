@@ -41,15 +41,34 @@ pub fn sample(
         return Ok(out);
     }
     let dev = model.device().clone();
-    let prompts: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
-    let batch = PaddedBatch::new(&prompts, pad_id, Padding::Left, &dev)?;
-    let mut key_mask = batch.key_mask;
+    // Candidates of one item share their prompt: prefill each distinct prompt once, then give
+    // every request its own copy of that prompt's cache rows.
+    let mut distinct: Vec<Vec<u32>> = Vec::new();
+    let mut index: std::collections::HashMap<&[u32], u32> = std::collections::HashMap::new();
+    let source: Vec<u32> = requests
+        .iter()
+        .map(|r| {
+            *index.entry(r.prompt.as_slice()).or_insert_with(|| {
+                distinct.push(r.prompt.clone());
+                (distinct.len() - 1) as u32
+            })
+        })
+        .collect();
+    let batch = PaddedBatch::new(&distinct, pad_id, Padding::Left, &dev)?;
     let mut rngs: Vec<ChaCha8Rng> = requests.iter().map(|r| ChaCha8Rng::seed_from_u64(r.seed)).collect();
     let mut active: Vec<usize> = (0..requests.len()).collect();
-    let mut cache = model.new_cache();
-    let len = key_mask[0].len();
-    let logits = model.forward(&batch.ids, &batch.positions, &batch.bias, Some(&mut cache), Mode::Infer)?;
-    let mut last = logits.narrow(1, len - 1, 1)?.squeeze(1)?;
+    let len = batch.key_mask[0].len();
+    let mut cache = model.new_cache_with_capacity(len + params.max_new_tokens);
+    // Only the last prompt position's logits are needed: run the LM head on those rows alone.
+    let hidden = model.forward_rows(&batch.ids, &batch.positions, &batch.bias, Some(&mut cache), Mode::Infer)?;
+    let last_rows: Vec<u32> = (0..distinct.len()).map(|i| (i * len + len - 1) as u32).collect();
+    let last_hidden = hidden.index_select(&Tensor::new(last_rows.as_slice(), &dev)?, 0)?;
+    let expand = Tensor::new(source.as_slice(), &dev)?;
+    if distinct.len() < requests.len() {
+        cache.select_rows(&expand)?;
+    }
+    let mut key_mask: Vec<Vec<u8>> = source.iter().map(|&u| batch.key_mask[u as usize].clone()).collect();
+    let mut last = model.lm_head(&last_hidden.index_select(&expand, 0)?)?;
     for step in 0..params.max_new_tokens {
         let rows: Vec<Vec<f32>> = last.to_dtype(candle_core::DType::F32)?.to_vec2()?;
         let mut keep = Vec::with_capacity(active.len());

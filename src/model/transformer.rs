@@ -161,31 +161,81 @@ impl RopeSlice {
     }
 }
 
-/// Per-layer key/value cache for incremental decoding: (b, n_kv_heads, t, head_dim) each.
+/// Per-layer key/value cache for incremental decoding.
+///
+/// With a capacity, each layer's keys and values live in buffers of (b, n_kv_heads, capacity,
+/// head_dim) that new positions are written into in place, so a decoding step copies only its
+/// own keys instead of the whole cache; without one (or past it), the cache grows by
+/// concatenation.
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
-    layers: Vec<Option<(Tensor, Tensor)>>,
+    layers: Vec<Option<LayerKv>>,
+    capacity: usize,
+}
+
+#[derive(Debug, Clone)]
+struct LayerKv {
+    k: Tensor,
+    v: Tensor,
+    /// Valid positions at the start of the buffers.
+    len: usize,
+}
+
+impl LayerKv {
+    /// Append keys/values (b, n_kv, s, d); return views of every cached position.
+    fn append(slot: &mut Option<LayerKv>, k: Tensor, v: Tensor, capacity: usize) -> Result<(Tensor, Tensor)> {
+        let s = k.dim(2)?;
+        match slot {
+            None if capacity > s => {
+                let (b, n, _, d) = k.dims4()?;
+                let kb = Tensor::zeros((b, n, capacity, d), k.dtype(), k.device())?;
+                let vb = kb.zeros_like()?;
+                kb.slice_set(&k.contiguous()?, 2, 0)?;
+                vb.slice_set(&v.contiguous()?, 2, 0)?;
+                *slot = Some(LayerKv { k: kb, v: vb, len: s });
+            }
+            None => *slot = Some(LayerKv { k, v, len: s }),
+            Some(c) if c.len + s <= c.k.dim(2)? => {
+                c.k.slice_set(&k.contiguous()?, 2, c.len)?;
+                c.v.slice_set(&v.contiguous()?, 2, c.len)?;
+                c.len += s;
+            }
+            Some(c) => {
+                c.k = Tensor::cat(&[&c.k.narrow(2, 0, c.len)?, &k], 2)?;
+                c.v = Tensor::cat(&[&c.v.narrow(2, 0, c.len)?, &v], 2)?;
+                c.len += s;
+            }
+        }
+        let c = slot.as_ref().expect("just filled");
+        Ok((c.k.narrow(2, 0, c.len)?, c.v.narrow(2, 0, c.len)?))
+    }
 }
 
 impl KvCache {
     pub fn new(num_layers: usize) -> Self {
-        Self { layers: vec![None; num_layers] }
+        Self { layers: vec![None; num_layers], capacity: 0 }
+    }
+
+    /// Preallocate room for `capacity` positions per row at the first forward pass.
+    pub fn with_capacity(num_layers: usize, capacity: usize) -> Self {
+        Self { layers: vec![None; num_layers], capacity }
     }
 
     /// Number of cached positions.
     pub fn len(&self) -> usize {
-        self.layers.first().and_then(|l| l.as_ref()).map(|(k, _)| k.dim(2).unwrap_or(0)).unwrap_or(0)
+        self.layers.first().and_then(|l| l.as_ref()).map_or(0, |c| c.len)
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Keep only the given batch rows (finished sequences leave the batch).
+    /// Keep (or repeat) the given batch rows: finished sequences leave the batch, and a shared
+    /// prompt's rows are copied to each of its candidates.
     pub fn select_rows(&mut self, rows: &Tensor) -> Result<()> {
-        for (k, v) in self.layers.iter_mut().flatten() {
-            *k = k.index_select(rows, 0)?;
-            *v = v.index_select(rows, 0)?;
+        for c in self.layers.iter_mut().flatten() {
+            c.k = c.k.index_select(rows, 0)?;
+            c.v = c.v.index_select(rows, 0)?;
         }
         Ok(())
     }
@@ -227,19 +277,15 @@ impl Attention {
         (b, s): (usize, usize),
         rope: &RopeSlice,
         bias: &Tensor,
-        cache: Option<&mut Option<(Tensor, Tensor)>>,
+        cache: Option<(&mut Option<LayerKv>, usize)>,
         mode: Mode,
     ) -> Result<Tensor> {
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let q = rope.heads(&self.q_proj.forward(x)?, b, s, nh, hd, true, mode)?;
         let mut k = rope.heads(&self.k_proj.forward(x)?, b, s, nkv, hd, true, mode)?;
         let mut v = rope.heads(&self.v_proj.forward(x)?, b, s, nkv, hd, false, mode)?;
-        if let Some(slot) = cache {
-            if let Some((ck, cv)) = slot.as_ref() {
-                k = Tensor::cat(&[ck, &k], 2)?;
-                v = Tensor::cat(&[cv, &v], 2)?;
-            }
-            *slot = Some((k.clone(), v.clone()));
+        if let Some((slot, capacity)) = cache {
+            (k, v) = LayerKv::append(slot, k, v, capacity)?;
         }
         let kv_len = k.dim(2)?;
         // Grouped-query attention without copying k/v per query head: the n_rep query heads that
@@ -310,7 +356,7 @@ impl DecoderLayer {
         shape: (usize, usize),
         rope: &RopeSlice,
         bias: &Tensor,
-        cache: Option<&mut Option<(Tensor, Tensor)>>,
+        cache: Option<(&mut Option<LayerKv>, usize)>,
         mode: Mode,
     ) -> Result<Tensor> {
         let h = self.input_layernorm.forward(x, mode)?;
@@ -361,6 +407,11 @@ impl CausalLm {
         KvCache::new(self.layers.len())
     }
 
+    /// A cache with room for `capacity` positions per row.
+    pub fn new_cache_with_capacity(&self, capacity: usize) -> KvCache {
+        KvCache::with_capacity(self.layers.len(), capacity)
+    }
+
     /// ids, positions: (b, s) u32; bias: (b, 1, s, kv_len) additive mask (0 = attend).
     /// Returns the final hidden states (b, s, hidden).
     pub fn forward_hidden(
@@ -390,7 +441,7 @@ impl CausalLm {
         let bias = &bias.to_dtype(self.embed_tokens.dtype())?;
         let mut x = self.embed_tokens.index_select(&ids.flatten_all()?, 0)?;
         for (i, layer) in self.layers.iter().enumerate() {
-            let slot = cache.as_deref_mut().map(|c| &mut c.layers[i]);
+            let slot = cache.as_deref_mut().map(|c| (&mut c.layers[i], c.capacity));
             x = layer.forward(&x, (b, s), &rope, bias, slot, mode)?;
         }
         self.norm.forward(&x, mode)

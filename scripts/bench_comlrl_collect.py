@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""CoMLRL 1.4.3 preference collection on the bench configuration, for scripts/bench.sh.
+
+SmolLM2-135M (the same GGUF, dequantized to f32), 2 agents, the first 8 items of
+data/length_ratio/train.jsonl with the quickstart's prompts (chat-templated exactly as pbrl gives
+them), 4 candidates, 32 new tokens, temperature 0.6, top_p 0.6, top_k 50, the length-ratio reward.
+Times MADPOTrainer._build_preference_dataset() (model loading excluded) and writes JSON.
+"""
+import argparse
+import json
+import math
+import os
+import time
+import tomllib
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+GGUF_DIR, GGUF = ROOT / "models" / "smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def length_ratio(c1, c2):
+    if len(c1) == 0:
+        return 0.0
+    r = len(c2) / len(c1)
+    return 1.0 if 2 <= r <= 3 else math.exp(-(2 - r) if r < 2 else -(r - 3))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--items", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("THREADS", "2")))
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    from comlrl.trainers.preference import MADPOConfig, MADPOTrainer
+    from datasets import Dataset
+
+    qs = tomllib.loads((ROOT / "configs" / "quickstart.toml").read_text())
+    templates, systems = qs["task"]["formatters"], qs["task"]["system_prompts"]
+    tok = AutoTokenizer.from_pretrained(GGUF_DIR, gguf_file=GGUF)
+    # CoMLRL cuts prompts at the first pad id; SmolLM2's pad is <|im_end|>, so use <|endoftext|>.
+    tok.pad_token = "<|endoftext|>"
+    agents = []
+    for _ in range(2):
+        m = AutoModelForCausalLM.from_pretrained(GGUF_DIR, gguf_file=GGUF, dtype=torch.float32)
+        m.generation_config.pad_token_id = tok.pad_token_id
+        agents.append(m)
+    items = [json.loads(l) for l in (ROOT / "data/length_ratio/train.jsonl").read_text().splitlines()[: a.items]]
+
+    def formatter(i):
+        def f(item):
+            msgs = [{"role": "system", "content": systems[i]}, {"role": "user", "content": templates[i].format(**item)}]
+            return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return f
+
+    args = MADPOConfig(num_train_epochs=1, num_agents=2, max_new_tokens=32, temperature=0.6, top_p=0.6, top_k=50,
+                       preference_num_candidates=4, preference_pairs_per_sample=2, eval_interval=0,
+                       agent_devices=["cpu", "cpu"], train_batch_size=2)
+    trainer = MADPOTrainer(agents=agents, num_agents=2, tokenizer=tok, train_dataset=Dataset.from_list(items),
+                           reward_func=lambda c1, c2: [length_ratio(c1[0], c2[0])],
+                           formatters=[formatter(0), formatter(1)], args=args)
+    t = time.perf_counter()
+    pairs = trainer._build_preference_dataset()
+    secs = time.perf_counter() - t
+    Path(a.out).write_text(json.dumps({"collect_s": secs, "num_pairs": len(pairs), "threads": a.threads}))
+    print(f"CoMLRL collection: {len(pairs)} pairs in {secs:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
