@@ -3,6 +3,7 @@
 //! Data flows one way: command line → [`config`] → a stage in [`stages`] → the task, the team
 //! of agents and the [`model`] runtime → candle.
 pub mod agents;
+pub mod algo;
 pub mod cli;
 pub mod config;
 pub mod device;

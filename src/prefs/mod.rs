@@ -1,5 +1,6 @@
 //! Preference data: pairs of joint responses, round files, pair selection, reward histograms.
 pub mod distribution;
+pub mod replay;
 pub mod selection;
 
 use std::path::{Path, PathBuf};
