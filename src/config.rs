@@ -121,6 +121,19 @@ pub struct Config {
     pub log_reward_distribution: bool,
     /// Where round files go (default `<run_dir>/preference_replay`).
     pub preference_replay_dir: Option<PathBuf>,
+    /// Which stored rounds a training phase sees (reference §9; aliases accepted).
+    pub preference_replay_mode: String,
+    #[serde(deserialize_with = "opt")]
+    pub preference_replay_k: Option<i64>,
+    #[serde(deserialize_with = "opt")]
+    pub preference_replay_lambda: Option<f64>,
+    #[serde(deserialize_with = "opt")]
+    pub preference_replay_sample_size: Option<i64>,
+    /// Write a resumable checkpoint every this many epochs (0: none).
+    pub checkpoint_interval: i64,
+    /// Keep at most this many checkpoints (the newest).
+    #[serde(deserialize_with = "opt")]
+    pub checkpoint_total_limit: Option<i64>,
 
     // --- reference MADPOConfig fields -------------------------------------------------------
     pub num_train_epochs: i64,
@@ -177,6 +190,12 @@ impl Default for Config {
             reward_range: None,
             log_reward_distribution: false,
             preference_replay_dir: None,
+            preference_replay_mode: "current".into(),
+            preference_replay_k: None,
+            preference_replay_lambda: None,
+            preference_replay_sample_size: None,
+            checkpoint_interval: 0,
+            checkpoint_total_limit: None,
             num_train_epochs: 20,
             agent_learning_rate: 5e-6,
             logging_steps: 50,
@@ -315,6 +334,77 @@ impl Config {
         self.train_batch_size.unwrap_or(self.rollout_buffer_size) as usize
     }
 
+    /// Reference §2.3 replay rules (aliases normalized), in the reference's order and words.
+    fn validate_replay(&mut self) -> Result<(), ConfigError> {
+        let mode = match self.preference_replay_mode.trim().to_lowercase().as_str() {
+            "current" | "latest" | "new" => "current",
+            "nearest_k" | "recent_k" | "last_k" | "k" => "nearest_k",
+            "all_history" => "all_history",
+            "lambda" | "lambda_decay" | "td_lambda" | "td-lambda" => "lambda_decay",
+            _ => return err("preference_replay_mode must be one of: current, nearest_k, all_history, lambda_decay."),
+        };
+        self.preference_replay_mode = mode.to_string();
+        let (k, lambda, size) = (self.preference_replay_k, self.preference_replay_lambda, self.preference_replay_sample_size);
+        let size_ok = || match size {
+            Some(s) if s < 1 => err("preference_replay_sample_size must be null or >= 1."),
+            _ => Ok(()),
+        };
+        let no_lambda = || match lambda {
+            Some(_) => err("preference_replay_lambda is only valid when preference_replay_mode='lambda_decay'."),
+            None => Ok(()),
+        };
+        match mode {
+            "current" => {
+                if k.is_some_and(|k| k != 1) {
+                    return err("preference_replay_k must be null or 1 when preference_replay_mode='current'.");
+                }
+                no_lambda()?;
+                if size.is_some() {
+                    return err("preference_replay_sample_size is only valid when preference_replay_mode is 'nearest_k', 'all_history', or 'lambda_decay'.");
+                }
+            }
+            "nearest_k" => {
+                match k {
+                    None => return err("preference_replay_k is required when preference_replay_mode='nearest_k'."),
+                    Some(k) if k < 1 => return err("preference_replay_k must be >= 1."),
+                    _ => {}
+                }
+                no_lambda()?;
+                size_ok()?;
+            }
+            "all_history" => {
+                if k.is_some() {
+                    return err("preference_replay_k is only valid when preference_replay_mode='nearest_k'.");
+                }
+                no_lambda()?;
+                size_ok()?;
+            }
+            _ => {
+                if k.is_some() {
+                    return err("preference_replay_k is only valid when preference_replay_mode='nearest_k'.");
+                }
+                match lambda {
+                    None => return err("preference_replay_lambda is required when preference_replay_mode='lambda_decay'."),
+                    Some(l) if !(0.0..=1.0).contains(&l) => return err("preference_replay_lambda must be in [0, 1]."),
+                    _ => {}
+                }
+                size_ok()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The replay mode with its parameter (validated).
+    pub fn replay_mode(&self) -> crate::prefs::replay::ReplayMode {
+        use crate::prefs::replay::ReplayMode;
+        match self.preference_replay_mode.as_str() {
+            "nearest_k" => ReplayMode::NearestK(self.preference_replay_k.unwrap_or(1) as usize),
+            "all_history" => ReplayMode::AllHistory,
+            "lambda_decay" => ReplayMode::LambdaDecay(self.preference_replay_lambda.unwrap_or(1.0)),
+            _ => ReplayMode::Current,
+        }
+    }
+
     /// Where round files live.
     pub fn replay_dir(&self) -> PathBuf {
         self.preference_replay_dir.clone().unwrap_or_else(|| self.run_dir.join("preference_replay"))
@@ -442,6 +532,13 @@ impl Config {
         if self.log_reward_distribution && self.reward_range.is_none() {
             return err("log_reward_distribution needs reward_range = [min, max] (the histogram's range).");
         }
+        self.validate_replay()?;
+        if self.checkpoint_interval < 0 {
+            return err("checkpoint_interval must be >= 0 (0 writes no checkpoints).");
+        }
+        if self.checkpoint_total_limit.is_some_and(|l| l < 1) {
+            return err("checkpoint_total_limit must be null or >= 1.");
+        }
         DeviceSpec::resolve(self.agent_devices.as_ref(), n, "agent_devices")?;
         Ok(())
     }
@@ -557,6 +654,18 @@ mod tests {
             ("agent_devices = [\"cpu\"]", "agent_devices has 1 entries but there are 2 actors"),
             ("reward_timeout_s = 0.0", "reward_timeout_s must be a positive number of seconds."),
             ("collect_batch_size = 0", "collect_batch_size must be >= 1."),
+            ("preference_replay_mode = \"best\"", "preference_replay_mode must be one of"),
+            ("preference_replay_k = 2", "preference_replay_k must be null or 1 when preference_replay_mode='current'."),
+            ("preference_replay_lambda = 0.5", "preference_replay_lambda is only valid when"),
+            ("preference_replay_sample_size = 4", "preference_replay_sample_size is only valid when preference_replay_mode is"),
+            ("preference_replay_mode = \"k\"", "preference_replay_k is required when preference_replay_mode='nearest_k'."),
+            ("preference_replay_mode = \"last_k\"\npreference_replay_k = 0", "preference_replay_k must be >= 1."),
+            ("preference_replay_mode = \"all_history\"\npreference_replay_k = 2", "preference_replay_k is only valid when preference_replay_mode='nearest_k'."),
+            ("preference_replay_mode = \"all_history\"\npreference_replay_sample_size = 0", "preference_replay_sample_size must be null or >= 1."),
+            ("preference_replay_mode = \"td-lambda\"", "preference_replay_lambda is required when"),
+            ("preference_replay_mode = \"lambda\"\npreference_replay_lambda = 1.5", "preference_replay_lambda must be in [0, 1]."),
+            ("checkpoint_interval = -1", "checkpoint_interval must be >= 0"),
+            ("checkpoint_total_limit = 0", "checkpoint_total_limit must be null or >= 1."),
             ("reward_range = [1.0, 0.0]", "reward_range must be [min, max] with min < max."),
             ("log_reward_distribution = true", "log_reward_distribution needs reward_range = [min, max]"),
         ];
@@ -577,6 +686,15 @@ mod tests {
         assert_eq!(c.preference_pairs_per_sample, None);
         assert_eq!(c.parallel_training, "none");
         assert_eq!(load("", &["top_k=none"]).unwrap().top_k, None);
+        for (alias, mode) in [("latest", "current"), ("recent_k", "nearest_k"), ("TD-Lambda", "lambda_decay")] {
+            let extra = match mode {
+                "nearest_k" => "preference_replay_k=2",
+                "lambda_decay" => "preference_replay_lambda=0.5",
+                _ => "seed=1",
+            };
+            let c = load("", &[&format!("preference_replay_mode={alias}"), extra]).unwrap();
+            assert_eq!(c.preference_replay_mode, mode);
+        }
     }
 
     #[test]
