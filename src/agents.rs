@@ -28,6 +28,11 @@ impl Agent {
 /// Load the team: the run's trained agents (`<run_dir>/agents/agent_i`) when they exist, else the
 /// configured base models.
 pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
+    if cfg.collaboration_mode == "centralized" {
+        anyhow::bail!(
+            "collaboration_mode = \"centralized\" is not supported by this version of pbrl (use \"decentralized\")"
+        );
+    }
     let n = cfg.num_agents as usize;
     let sources = cfg.agent_sources()?;
     let devices = DeviceSpec::resolve(cfg.agent_devices.as_ref(), n, "agent_devices")?;

@@ -21,8 +21,19 @@ pub enum Command {
     /// Sample candidates from the current agents, score them with the oracle, build preference
     /// pairs, write the next round file <replay dir>/iteration_NNNN.json.
     Collect(CollectArgs),
+    /// Train the agents with MADPO on the stored preference rounds.
+    TrainMadpo(TrainArgs),
     /// Sample from the agents, score with the task reward only, write a report.
     Eval(CommonArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Continue from the newest checkpoint in <run_dir>/checkpoints.
+    #[arg(long)]
+    pub resume: bool,
 }
 
 #[derive(Debug, Args)]

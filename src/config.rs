@@ -344,7 +344,8 @@ impl Config {
             _ => return err("preference_replay_mode must be one of: current, nearest_k, all_history, lambda_decay."),
         };
         self.preference_replay_mode = mode.to_string();
-        let (k, lambda, size) = (self.preference_replay_k, self.preference_replay_lambda, self.preference_replay_sample_size);
+        let (k, lambda, size) =
+            (self.preference_replay_k, self.preference_replay_lambda, self.preference_replay_sample_size);
         let size_ok = || match size {
             Some(s) if s < 1 => err("preference_replay_sample_size must be null or >= 1."),
             _ => Ok(()),
@@ -384,7 +385,9 @@ impl Config {
                     return err("preference_replay_k is only valid when preference_replay_mode='nearest_k'.");
                 }
                 match lambda {
-                    None => return err("preference_replay_lambda is required when preference_replay_mode='lambda_decay'."),
+                    None => {
+                        return err("preference_replay_lambda is required when preference_replay_mode='lambda_decay'.")
+                    }
                     Some(l) if !(0.0..=1.0).contains(&l) => return err("preference_replay_lambda must be in [0, 1]."),
                     _ => {}
                 }
@@ -657,13 +660,28 @@ mod tests {
             ("preference_replay_mode = \"best\"", "preference_replay_mode must be one of"),
             ("preference_replay_k = 2", "preference_replay_k must be null or 1 when preference_replay_mode='current'."),
             ("preference_replay_lambda = 0.5", "preference_replay_lambda is only valid when"),
-            ("preference_replay_sample_size = 4", "preference_replay_sample_size is only valid when preference_replay_mode is"),
-            ("preference_replay_mode = \"k\"", "preference_replay_k is required when preference_replay_mode='nearest_k'."),
+            (
+                "preference_replay_sample_size = 4",
+                "preference_replay_sample_size is only valid when preference_replay_mode is",
+            ),
+            (
+                "preference_replay_mode = \"k\"",
+                "preference_replay_k is required when preference_replay_mode='nearest_k'.",
+            ),
             ("preference_replay_mode = \"last_k\"\npreference_replay_k = 0", "preference_replay_k must be >= 1."),
-            ("preference_replay_mode = \"all_history\"\npreference_replay_k = 2", "preference_replay_k is only valid when preference_replay_mode='nearest_k'."),
-            ("preference_replay_mode = \"all_history\"\npreference_replay_sample_size = 0", "preference_replay_sample_size must be null or >= 1."),
+            (
+                "preference_replay_mode = \"all_history\"\npreference_replay_k = 2",
+                "preference_replay_k is only valid when preference_replay_mode='nearest_k'.",
+            ),
+            (
+                "preference_replay_mode = \"all_history\"\npreference_replay_sample_size = 0",
+                "preference_replay_sample_size must be null or >= 1.",
+            ),
             ("preference_replay_mode = \"td-lambda\"", "preference_replay_lambda is required when"),
-            ("preference_replay_mode = \"lambda\"\npreference_replay_lambda = 1.5", "preference_replay_lambda must be in [0, 1]."),
+            (
+                "preference_replay_mode = \"lambda\"\npreference_replay_lambda = 1.5",
+                "preference_replay_lambda must be in [0, 1].",
+            ),
             ("checkpoint_interval = -1", "checkpoint_interval must be >= 0"),
             ("checkpoint_total_limit = 0", "checkpoint_total_limit must be null or >= 1."),
             ("reward_range = [1.0, 0.0]", "reward_range must be [min, max] with min < max."),

@@ -4,6 +4,7 @@
 //! of agents and the [`model`] runtime → candle.
 pub mod agents;
 pub mod algo;
+pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod device;

@@ -60,6 +60,11 @@ fn run(cli: Cli) -> Result<()> {
             let opts = pbrl::stages::collect::CollectOptions { round: args.round, force: args.force };
             pbrl::stages::collect::run(&cfg, &run_dir, &opts)?;
         }
+        Command::TrainMadpo(args) => {
+            let Some((cfg, run_dir)) = load_config(&args.common)? else { return Ok(()) };
+            let opts = pbrl::stages::train_madpo::TrainOptions { resume: args.resume };
+            pbrl::stages::train_madpo::run(&cfg, &run_dir, &opts)?;
+        }
         Command::Eval(args) => {
             let Some((cfg, run_dir)) = load_config(&args)? else {
                 return Ok(());

@@ -103,6 +103,27 @@ impl AdamW {
         Ok(())
     }
 
+    /// Restore the step count and the moments saved by [`AdamW::moments`] (matched by name).
+    pub fn restore(&mut self, step: u64, moments: &std::collections::HashMap<String, (Tensor, Tensor)>) -> Result<()> {
+        for slot in &self.slots {
+            let (m, v) =
+                moments.get(&slot.name).with_context(|| format!("checkpoint has no AdamW state for {}", slot.name))?;
+            match &slot.moments {
+                Moments::Host(mv) => {
+                    let mut g = mv.lock().expect("moments lock");
+                    g.0 = m.flatten_all()?.to_vec1()?;
+                    g.1 = v.flatten_all()?.to_vec1()?;
+                }
+                Moments::Device(mv) => {
+                    let dev = slot.var.device();
+                    *mv.lock().expect("moments lock") = (m.to_device(dev)?, v.to_device(dev)?);
+                }
+            }
+        }
+        self.step = step;
+        Ok(())
+    }
+
     /// (name, first moment, second moment) of every parameter, for checkpoints.
     pub fn moments(&self) -> Result<Vec<(String, Tensor, Tensor)>> {
         self.slots

@@ -19,6 +19,8 @@ pub mod purpose {
     pub const EVAL: u64 = 1;
     pub const COLLECT: u64 = 2;
     pub const PAIRS: u64 = 3;
+    pub const REPLAY: u64 = 4;
+    pub const TRAIN: u64 = 5;
 }
 
 #[cfg(test)]

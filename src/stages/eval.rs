@@ -8,13 +8,14 @@
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
-use crate::agents::load_team;
+use crate::agents::{load_team, Agent};
 use crate::config::Config;
 use crate::model::sampling::{sample, SampleRequest, SamplingParams};
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
 use crate::run_dir::{atomic_write, RunDir};
-use crate::task::{load_items, reward::build_reward};
+use crate::task::reward::{build_reward, RewardProcessor, TaskReward};
+use crate::task::{load_items, TaskItem};
 
 pub struct EvalReport {
     pub reward_mean: f64,
@@ -31,16 +32,66 @@ pub fn sampling_params(cfg: &Config) -> SamplingParams {
 }
 
 pub fn run(cfg: &Config, run_dir: &RunDir) -> Result<EvalReport> {
-    let eval_file = cfg.task.eval_file.as_ref().context("task.eval_file is not set: pbrl eval needs held-out items")?;
-    let mut items = load_items(eval_file)?;
-    if cfg.eval_num_samples == 0 {
-        bail!("eval_num_samples is 0: nothing to evaluate");
-    }
-    items.truncate(cfg.eval_num_samples as usize);
+    let items = eval_items(cfg)?.context("eval_num_samples is 0: nothing to evaluate")?;
     let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
     let team = load_team(cfg, run_dir)?;
-    let params = sampling_params(cfg);
+    let started = std::time::Instant::now();
+    let outcome = evaluate(cfg, &team, &items, reward.as_mut(), processor)?;
+    let (records, rewards, generated) = (outcome.records, outcome.rewards, outcome.tokens);
 
+    let mean = rewards.iter().sum::<f64>() / rewards.len() as f64;
+    let metrics = json!({"eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean});
+    let report = json!({"metrics": metrics, "items": records});
+    let path = unused_path(&run_dir.eval(), &chrono::Utc::now().format("eval-%Y%m%dT%H%M%SZ").to_string());
+    atomic_write(&path, serde_json::to_string_pretty(&report)?.as_bytes())?;
+    run_dir.log_metrics(&json!({
+        "stage": "eval", "time": chrono::Utc::now().to_rfc3339(), "num_items": rewards.len(),
+        "eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean,
+        "tokens_per_s": generated as f64 / started.elapsed().as_secs_f64(),
+    }))?;
+
+    print_table(&records);
+    println!("eval/turn_1/reward_mean     {mean:.4}");
+    println!("eval/turn_1/expected_return {mean:.4}");
+    println!("report: {}", path.display());
+    Ok(EvalReport { reward_mean: mean, path })
+}
+
+/// The held-out items an evaluation uses (`None` when `eval_num_samples` is 0).
+pub fn eval_items(cfg: &Config) -> Result<Option<Vec<TaskItem>>> {
+    if cfg.eval_num_samples == 0 {
+        return Ok(None);
+    }
+    let eval_file =
+        cfg.task.eval_file.as_ref().context("task.eval_file is not set: evaluation needs held-out items")?;
+    let mut items = load_items(eval_file)?;
+    items.truncate(cfg.eval_num_samples as usize);
+    Ok(Some(items))
+}
+
+pub struct Evaluation {
+    pub records: Vec<serde_json::Value>,
+    pub rewards: Vec<f64>,
+    pub tokens: usize,
+}
+
+impl Evaluation {
+    pub fn reward_mean(&self) -> f64 {
+        self.rewards.iter().sum::<f64>() / self.rewards.len().max(1) as f64
+    }
+}
+
+/// Each agent samples one completion per item (batches of `eval_batch_size` items); each joint
+/// response is scored with the task reward and reward_processor. Used by `pbrl eval` and by the
+/// periodic evaluation during training.
+pub fn evaluate(
+    cfg: &Config,
+    team: &[Agent],
+    items: &[TaskItem],
+    reward: &mut dyn TaskReward,
+    processor: RewardProcessor,
+) -> Result<Evaluation> {
+    let params = sampling_params(cfg);
     let bar = progress::bar(items.len() as u64, "eval");
     let started = std::time::Instant::now();
     let mut generated = 0usize;
@@ -51,7 +102,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir) -> Result<EvalReport> {
         // prompts[a][j], completions[a][j]: agent a, item j of the batch.
         let mut prompts = Vec::with_capacity(team.len());
         let mut completions = Vec::with_capacity(team.len());
-        for agent in &team {
+        for agent in team {
             let texts = batch.iter().map(|it| agent.prompt_for(it)).collect::<Result<Vec<_>>>()?;
             let requests = texts
                 .iter()
@@ -82,23 +133,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir) -> Result<EvalReport> {
         }
     }
     bar.finish_and_clear();
-
-    let mean = rewards.iter().sum::<f64>() / rewards.len() as f64;
-    let metrics = json!({"eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean});
-    let report = json!({"metrics": metrics, "items": records});
-    let path = unused_path(&run_dir.eval(), &chrono::Utc::now().format("eval-%Y%m%dT%H%M%SZ").to_string());
-    atomic_write(&path, serde_json::to_string_pretty(&report)?.as_bytes())?;
-    run_dir.log_metrics(&json!({
-        "stage": "eval", "time": chrono::Utc::now().to_rfc3339(), "num_items": rewards.len(),
-        "eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean,
-        "tokens_per_s": generated as f64 / started.elapsed().as_secs_f64(),
-    }))?;
-
-    print_table(&records);
-    println!("eval/turn_1/reward_mean     {mean:.4}");
-    println!("eval/turn_1/expected_return {mean:.4}");
-    println!("report: {}", path.display());
-    Ok(EvalReport { reward_mean: mean, path })
+    Ok(Evaluation { records, rewards, tokens: generated })
 }
 
 /// `<dir>/<stem>.json`, or `<stem>-2.json`, ... if a report of the same second exists.

@@ -1,3 +1,4 @@
 //! One file per subcommand, each readable top to bottom: load → loop → save.
 pub mod collect;
 pub mod eval;
+pub mod train_madpo;

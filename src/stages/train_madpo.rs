@@ -1,0 +1,249 @@
+//! `pbrl train-madpo`: train the agents on stored preference rounds with Multi-Agent DPO
+//! (reference §6), reference-free.
+//!
+//! 1. select the training pairs from the round files with the replay rules (default: the
+//!    newest round) and re-tokenize them from their stored text;
+//! 2. load the team and one AdamW per agent (PyTorch defaults, lr `agent_learning_rate`);
+//!    with `--resume`, restore the newest checkpoint;
+//! 3. per epoch, shuffle the pairs (seeded); per batch of `train_batch_size` pairs:
+//!    evaluate when `updates % eval_interval == 0`; compute every agent's margins once without
+//!    gradients; then for each agent in order: its loss against the others' fixed margins,
+//!    backward, AdamW step (a non-finite loss skips the step);
+//! 4. checkpoint every `checkpoint_interval` epochs; save the agents to `<run_dir>/agents/`.
+use anyhow::{bail, Context, Result};
+use candle_core::Tensor;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+
+use crate::agents::{load_team, Agent};
+use crate::algo::madpo::{accuracy, agent_loss, other_margins};
+use crate::checkpoint::{self, Progress};
+use crate::config::Config;
+use crate::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
+use crate::model::Mode;
+use crate::optim::{AdamW, AdamWConfig};
+use crate::prefs::replay::{plan, sample};
+use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
+use crate::progress;
+use crate::rng::{derive_seed, purpose};
+use crate::run_dir::RunDir;
+use crate::stages::eval::{eval_items, evaluate};
+use crate::task::reward::build_reward;
+
+pub struct TrainOptions {
+    pub resume: bool,
+}
+
+pub struct TrainReport {
+    pub updates: u64,
+    pub num_pairs: usize,
+}
+
+/// The pairs a training phase uses: the replay selection over the non-empty rounds.
+fn training_pairs(cfg: &Config) -> Result<(Vec<PreferencePair>, Vec<u32>)> {
+    let dir = cfg.replay_dir();
+    let numbers = existing_rounds(&dir)?;
+    if numbers.is_empty() {
+        bail!("no preference rounds in {}; run `pbrl collect` first", dir.display());
+    }
+    let mut rounds = Vec::new();
+    for n in &numbers {
+        let r = RoundFile::load(&round_path(&dir, *n))?;
+        if r.num_pairs > 0 {
+            rounds.push((*n, r.num_pairs));
+        }
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[purpose::REPLAY, *numbers.last().unwrap() as u64]));
+    let mode = cfg.replay_mode();
+    let size = cfg.preference_replay_sample_size.map(|s| s as usize);
+    // `current` is the newest round even when it is empty.
+    let chosen = if mode == crate::prefs::replay::ReplayMode::Current {
+        let newest = *numbers.last().unwrap();
+        rounds.iter().find(|(n, _)| *n == newest).map(|&(n, c)| vec![(n, c)]).unwrap_or_default()
+    } else {
+        plan(&rounds, mode, size, &mut rng)
+    };
+    let used = chosen.iter().map(|(n, _)| *n).collect();
+    let pairs = sample(&chosen, mode, |n| Ok(RoundFile::load(&round_path(&dir, n))?.pairs), &mut rng)?;
+    Ok((pairs, used))
+}
+
+/// Agent `a`'s (winner, loser) rows for a batch, re-tokenized from the stored text. The
+/// completion gets the agent's end-of-turn token back (decoding dropped it), so scoring the
+/// last token teaches the agent where to stop.
+fn agent_rows(agent: &Agent, batch: &[&PreferencePair]) -> Result<Vec<ScoreRow>> {
+    let tok = &agent.model.tokenizer;
+    let a = agent.index;
+    let eos = tok.stop_ids[0];
+    let row = |prompt: &str, completion: &str| -> Result<ScoreRow> {
+        let mut c = tok.encode(completion)?;
+        c.push(eos);
+        Ok(ScoreRow { prompt: tok.encode(prompt)?, completion: c })
+    };
+    let winners = batch.iter().map(|p| row(&p.prompts[a], &p.winner_completions[a]));
+    let losers = batch.iter().map(|p| row(&p.prompts[a], &p.loser_completions[a]));
+    winners.chain(losers).collect()
+}
+
+/// Margins Δ(p) = log π(winner) − log π(loser) from the stacked (winners, losers) log-probs.
+fn margins(lp: &Tensor, pairs: usize) -> Result<Tensor> {
+    Ok((lp.narrow(0, 0, pairs)? - lp.narrow(0, pairs, pairs)?)?)
+}
+
+pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainReport> {
+    let (pairs, rounds) = training_pairs(cfg)?;
+    if pairs.is_empty() {
+        println!("no non-tied preference pairs in the selected rounds; the agents are unchanged");
+        return Ok(TrainReport { updates: 0, num_pairs: 0 });
+    }
+    let n = cfg.num_agents as usize;
+    if let Some(bad) = pairs.iter().position(|p| p.prompts.len() != n) {
+        bail!("pair {bad} has {} agents' prompts but num_agents is {n}", pairs[bad].prompts.len());
+    }
+    let team = load_team(cfg, run_dir)?;
+    let last = if cfg.score_last_token { LastToken::Include } else { LastToken::Exclude };
+    let adam = AdamWConfig::torch_defaults(cfg.agent_learning_rate);
+    let mut optims = team
+        .iter()
+        .map(|a| {
+            let params = a
+                .model
+                .varmap
+                .data()
+                .lock()
+                .expect("VarMap lock")
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            AdamW::new(params, adam)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let models: Vec<_> = team.iter().map(|a| &a.model).collect();
+    let train_seed = derive_seed(cfg.seed, &[purpose::TRAIN]);
+    let mut rng = ChaCha8Rng::seed_from_u64(train_seed);
+    let mut progress = Progress {
+        kind: "madpo".into(),
+        epoch: 0,
+        updates: 0,
+        rng_word_pos: 0,
+        optimizer_steps: vec![0; n],
+        skipped_nonfinite: vec![0; n],
+        rounds: rounds.clone(),
+        num_pairs: pairs.len(),
+    };
+    if opts.resume {
+        let (num, path) = checkpoint::list(&run_dir.root)?.pop().with_context(|| {
+            format!("--resume: no checkpoint in {}", checkpoint::checkpoints_dir(&run_dir.root).display())
+        })?;
+        progress = checkpoint::restore(&path, &models, &mut optims)?;
+        if progress.rounds != rounds || progress.num_pairs != pairs.len() {
+            bail!(
+                "checkpoint-{num} was trained on rounds {:?} ({} pairs), not on the selected rounds {:?} ({} pairs)",
+                progress.rounds,
+                progress.num_pairs,
+                rounds,
+                pairs.len()
+            );
+        }
+        rng.set_word_pos(progress.rng_word_pos);
+        println!("resuming from checkpoint-{num} after epoch {}", progress.epoch);
+    }
+    let eval_set = if cfg.eval_interval > 0 { eval_items(cfg)? } else { None };
+    let mut eval_reward = match &eval_set {
+        Some(_) => Some(build_reward(&cfg.reward, cfg.reward_timeout_s)?),
+        None => None,
+    };
+
+    let per_update = cfg.pairs_per_update();
+    let epochs = cfg.num_train_epochs as u64;
+    let batches_per_epoch = pairs.len().div_ceil(per_update) as u64;
+    let bar = progress::bar((epochs - progress.epoch.min(epochs)) * batches_per_epoch, "madpo");
+    let started = std::time::Instant::now();
+    for epoch in progress.epoch..epochs {
+        let mut order: Vec<usize> = (0..pairs.len()).collect();
+        order.shuffle(&mut rng);
+        for chunk in order.chunks(per_update) {
+            if let (Some(items), Some((reward, processor))) = (&eval_set, eval_reward.as_mut()) {
+                if progress.updates % cfg.eval_interval as u64 == 0 {
+                    let ev = evaluate(cfg, &team, items, reward.as_mut(), *processor)?;
+                    let mean = ev.reward_mean();
+                    run_dir.log_metrics(&json!({"stage": "train-madpo", "update": progress.updates,
+                        "eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean}))?;
+                }
+            }
+            let batch: Vec<&PreferencePair> = chunk.iter().map(|&i| &pairs[i]).collect();
+            let rows = team.iter().map(|a| agent_rows(a, &batch)).collect::<Result<Vec<_>>>()?;
+            // Every agent's margins, once per batch, before any update (no gradients).
+            let fixed: Vec<Vec<f64>> = team
+                .iter()
+                .zip(&rows)
+                .map(|(a, r)| {
+                    let lp = sequence_log_probs(&a.model.model, r, last, a.model.tokenizer.pad_id, Mode::Infer)?;
+                    Ok(margins(&lp, batch.len())?.to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?)
+                })
+                .collect::<Result<_>>()?;
+            let others = other_margins(&fixed);
+            let mut losses = Vec::with_capacity(n);
+            let mut metrics = json!({"stage": "train-madpo", "epoch": epoch + 1, "update": progress.updates + 1});
+            for (i, agent) in team.iter().enumerate() {
+                let lp =
+                    sequence_log_probs(&agent.model.model, &rows[i], last, agent.model.tokenizer.pad_id, Mode::Train)?;
+                let own = margins(&lp, batch.len())?;
+                let other = Tensor::new(others[i].as_slice(), agent.model.model.device())?;
+                let loss = agent_loss(&own, &other, cfg.dpo_beta)?;
+                let value = loss.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?;
+                if !value.is_finite() {
+                    tracing::warn!(agent = i, update = progress.updates, "non-finite MADPO loss; update skipped");
+                    progress.skipped_nonfinite[i] += 1;
+                    continue;
+                }
+                let grads = loss.backward()?;
+                let mut sq = 0.0;
+                for (_, var) in agent.model.varmap.data().lock().expect("VarMap lock").iter() {
+                    if let Some(g) = grads.get(var.as_tensor()) {
+                        sq += g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?;
+                    }
+                }
+                optims[i].step(&grads)?;
+                progress.optimizer_steps[i] = optims[i].step;
+                metrics[format!("madpo/grad_norm/agent_{i}")] = json!(sq.sqrt());
+                losses.push(value);
+            }
+            progress.updates += 1;
+            let joint: Vec<f64> = (0..batch.len()).map(|p| fixed.iter().map(|d| d[p]).sum()).collect();
+            let collected = batch.iter().map(|p| p.candidate_reward_mean).sum::<f64>() / batch.len() as f64;
+            let loss_mean = losses.iter().sum::<f64>() / losses.len().max(1) as f64;
+            metrics["madpo/loss"] = json!(loss_mean);
+            metrics["madpo/accuracy"] = json!(accuracy(&fixed));
+            metrics["madpo/joint_margin_mean"] = json!(joint.iter().sum::<f64>() / joint.len() as f64);
+            metrics["madpo/skipped_nonfinite"] = json!(progress.skipped_nonfinite.iter().sum::<u64>());
+            metrics["turn_1/reward_mean"] = json!(collected);
+            metrics["turn_1/expected_return"] = json!(collected);
+            metrics["pairs_per_s"] =
+                json!((progress.updates as f64 * per_update as f64) / started.elapsed().as_secs_f64());
+            run_dir.log_metrics(&metrics)?;
+            bar.set_message(format!("loss {loss_mean:.4}"));
+            bar.inc(1);
+        }
+        progress.epoch = epoch + 1;
+        progress.rng_word_pos = rng.get_word_pos();
+        if cfg.checkpoint_interval > 0 && progress.epoch % cfg.checkpoint_interval as u64 == 0 {
+            let limit = cfg.checkpoint_total_limit.map(|l| l as usize);
+            checkpoint::save(&run_dir.root, progress.epoch, &models, &optims, &progress, limit)?;
+        }
+    }
+    bar.finish_and_clear();
+    for (i, agent) in team.iter().enumerate() {
+        agent.model.save_hf_dir(&run_dir.agent(i))?;
+    }
+    println!(
+        "trained {n} agents on {} pairs from rounds {rounds:?}: {} updates in {:.1} s; agents saved in {}",
+        pairs.len(),
+        progress.updates,
+        started.elapsed().as_secs_f64(),
+        run_dir.agents().display()
+    );
+    Ok(TrainReport { updates: progress.updates, num_pairs: pairs.len() })
+}
