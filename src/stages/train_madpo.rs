@@ -166,7 +166,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
         order.shuffle(&mut rng);
         for chunk in order.chunks(per_update) {
             if let (Some(items), Some((reward, processor))) = (&eval_set, eval_reward.as_mut()) {
-                if progress.updates % cfg.eval_interval as u64 == 0 {
+                if progress.updates.is_multiple_of(cfg.eval_interval as u64) {
                     let ev = evaluate(cfg, &team, items, reward.as_mut(), *processor)?;
                     let mean = ev.reward_mean();
                     run_dir.log_metrics(&json!({"stage": "train-madpo", "update": progress.updates,
@@ -229,7 +229,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
         }
         progress.epoch = epoch + 1;
         progress.rng_word_pos = rng.get_word_pos();
-        if cfg.checkpoint_interval > 0 && progress.epoch % cfg.checkpoint_interval as u64 == 0 {
+        if cfg.checkpoint_interval > 0 && progress.epoch.is_multiple_of(cfg.checkpoint_interval as u64) {
             let limit = cfg.checkpoint_total_limit.map(|l| l as usize);
             checkpoint::save(&run_dir.root, progress.epoch, &models, &optims, &progress, limit)?;
         }
