@@ -70,16 +70,20 @@ fn training_pairs(cfg: &Config) -> Result<(Vec<PreferencePair>, Vec<u32>)> {
     Ok((pairs, used))
 }
 
-/// Agent `a`'s (winner, loser) rows for a batch, re-tokenized from the stored text. The
-/// completion gets the agent's end-of-turn token back (decoding dropped it), so scoring the
-/// last token teaches the agent where to stop.
-fn agent_rows(agent: &Agent, batch: &[&PreferencePair]) -> Result<Vec<ScoreRow>> {
+/// Agent `a`'s (winner, loser) rows for a batch, re-tokenized from the stored text.
+///
+/// Decoding dropped the end-of-turn token, so it is put back on completions that ended: those
+/// shorter than `max_new_tokens`. A completion cut off at the limit gets none, so scoring the
+/// last token never teaches an agent to stop where it did not.
+fn agent_rows(agent: &Agent, batch: &[&PreferencePair], max_new_tokens: usize) -> Result<Vec<ScoreRow>> {
     let tok = &agent.model.tokenizer;
     let a = agent.index;
     let eos = tok.stop_ids[0];
     let row = |prompt: &str, completion: &str| -> Result<ScoreRow> {
         let mut c = tok.encode(completion)?;
-        c.push(eos);
+        if c.len() < max_new_tokens {
+            c.push(eos);
+        }
         Ok(ScoreRow { prompt: tok.encode(prompt)?, completion: c })
     };
     let winners = batch.iter().map(|p| row(&p.prompts[a], &p.winner_completions[a]));
@@ -174,7 +178,8 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
                 }
             }
             let batch: Vec<&PreferencePair> = chunk.iter().map(|&i| &pairs[i]).collect();
-            let rows = team.iter().map(|a| agent_rows(a, &batch)).collect::<Result<Vec<_>>>()?;
+            let max_new = cfg.max_new_tokens as usize;
+            let rows = team.iter().map(|a| agent_rows(a, &batch, max_new)).collect::<Result<Vec<_>>>()?;
             // Every agent's margins, once per batch, before any update (no gradients).
             let fixed: Vec<Vec<f64>> = team
                 .iter()
