@@ -2,12 +2,10 @@
 //! the real SmolLM2 model with small settings.
 mod common;
 
+use common::pbrl;
+
 use std::path::Path;
 use std::process::{Command, Output};
-
-fn pbrl(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pbrl")).args(args).current_dir(cwd).env("PBRL_THREADS", "1").output().unwrap()
-}
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).to_string()

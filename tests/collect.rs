@@ -1,21 +1,13 @@
 //! `pbrl collect` end to end: round files, determinism, round numbering, ties, compatibility.
 mod common;
 
+use common::{ok, pbrl};
+
 use std::path::Path;
-use std::process::{Command, Output};
 
 use candle_core::DType;
 use pbrl::model::{tiny::tiny_model, Architecture};
 use pbrl::prefs::RoundFile;
-
-fn pbrl(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pbrl")).args(args).current_dir(cwd).env("PBRL_THREADS", "1").output().unwrap()
-}
-
-fn ok(o: Output) -> Output {
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    o
-}
 
 /// A run setup on a tiny random model: 4 items, 4 candidates, sampled at temperature 1.
 fn setup(d: &Path, extra: &str) -> String {

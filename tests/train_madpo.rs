@@ -1,20 +1,12 @@
 //! `pbrl train-madpo` end to end on a tiny model: learning, saved agents, resume, edge cases.
 mod common;
 
+use common::{ok, pbrl};
+
 use std::path::Path;
-use std::process::{Command, Output};
 
 use candle_core::DType;
 use pbrl::model::{tiny::tiny_model, Architecture};
-
-fn pbrl(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pbrl")).args(args).current_dir(cwd).env("PBRL_THREADS", "1").output().unwrap()
-}
-
-fn ok(o: Output) -> Output {
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    o
-}
 
 /// Tiny agents, 4 items, a round of pairs collected from them.
 fn setup(d: &Path, extra: &str) {

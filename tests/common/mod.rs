@@ -1,6 +1,7 @@
 //! Shared test helpers.
 #![allow(dead_code)]
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 use std::sync::Once;
 
 use candle_core::Tensor;
@@ -51,4 +52,15 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
         .to_scalar()
         .unwrap()
+}
+
+/// Run the pbrl binary in `cwd` with one thread.
+pub fn pbrl(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pbrl")).args(args).current_dir(cwd).env("PBRL_THREADS", "1").output().unwrap()
+}
+
+/// The output of a run that must succeed (its stderr shown if not).
+pub fn ok(o: Output) -> Output {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    o
 }
