@@ -31,7 +31,7 @@ pub fn load_items(path: &Path) -> Result<Vec<TaskItem>> {
     Ok(items)
 }
 
-/// Fill `{field}` placeholders from the item (`{{` and `}}` are literal braces).
+/// Replace each `{field}` in the template with the item's field (`{{` and `}}` are literal braces).
 pub fn render_template(template: &str, item: &TaskItem) -> Result<String> {
     let mut out = String::with_capacity(template.len() + 64);
     let mut rest = template;
