@@ -158,5 +158,8 @@ fn hub_ids_load_from_the_cache_and_fail_clearly_offline() {
     let o = run("tiny-org/tiny-llama");
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("eval/turn_1/reward_mean"));
-    assert_user_error(&run("tiny-org/not-cached"), "could not fetch `tiny-org/not-cached`");
+    assert_user_error(
+        &run("tiny-org/not-cached"),
+        "`tiny-org/not-cached` is no local file or directory, and it could not be fetched",
+    );
 }

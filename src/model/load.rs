@@ -194,7 +194,7 @@ fn load_hf_dir(dir: &Path, device: &Device) -> Result<Loaded> {
 fn fetch_from_hub(id: &str) -> Result<PathBuf> {
     let offline_help = || {
         format!(
-            "could not fetch `{id}` from the Hugging Face hub. Without network access, download \
+            "`{id}` is no local file or directory, and it could not be fetched from the Hugging Face hub. Without network access, download \
              config.json, tokenizer.json, tokenizer_config.json and model.safetensors of `{id}` into a \
              directory and set the model source to that directory (or to a .gguf file)"
         )
