@@ -67,13 +67,14 @@ impl LoadedModel {
             ModelSource::HfDir(p) => load_hf_dir(p, device)?,
             ModelSource::Hub(id) => load_hf_dir(&fetch_from_hub(id)?, device)?,
         };
-        let model =
-            Self::build(&varmap, &config, device).with_context(|| format!("building the model from `{source}`"))?;
+        let model = Self::build(&varmap, &config, DType::F32, device)
+            .with_context(|| format!("building the model from `{source}`"))?;
         Ok(Self { model, varmap, tokenizer, source: source.to_string() })
     }
 
-    pub fn build(varmap: &VarMap, config: &ModelConfig, device: &Device) -> Result<CausalLm> {
-        let vb = VarBuilder::from_varmap(varmap, DType::F32, device);
+    /// The module over a `VarMap`'s weights (f32 for real models; tests also build f64 ones).
+    pub fn build(varmap: &VarMap, config: &ModelConfig, dtype: DType, device: &Device) -> Result<CausalLm> {
+        let vb = VarBuilder::from_varmap(varmap, dtype, device);
         CausalLm::load(vb, config)
     }
 

@@ -73,7 +73,7 @@ pub fn sequence_log_probs(
     let n = positions.len();
     let picked = hidden.index_select(&Tensor::new(positions.as_slice(), &dev)?, 0)?;
     let logits = model.lm_head(&picked)?; // (n, vocab)
-    let token_lp = token_log_probs(&logits, &Tensor::new(targets.as_slice(), &dev)?)?; // (n,)
+    let token_lp = super::ops::token_log_probs(&logits, &Tensor::new(targets.as_slice(), &dev)?)?; // (n,)
 
     // Sum per row with a 0/1 ownership matrix (b, n): differentiable and one small GEMM.
     let mut own = vec![0f32; b * n];
@@ -82,9 +82,4 @@ pub fn sequence_log_probs(
     }
     let own = Tensor::from_vec(own, (b, n), &dev)?.to_dtype(token_lp.dtype())?;
     Ok(own.matmul(&token_lp.unsqueeze(1)?)?.squeeze(1)?)
-}
-
-/// log softmax(logits)[target] per row: logits (n, vocab), targets (n,) u32 → (n,).
-pub fn token_log_probs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-    Ok(super::ops::token_log_probs(logits, targets)?)
 }

@@ -12,7 +12,6 @@ use serde_json::json;
 
 use super::config::{Architecture, ModelConfig};
 use super::tokenizer::ChatTokenizer;
-use super::transformer::CausalLm;
 use super::LoadedModel;
 
 /// 2 layers, GQA (4 query heads over 2 kv heads), a vocabulary of `vocab` words.
@@ -122,7 +121,6 @@ pub fn tiny_model(architecture: Architecture, tie: bool, seed: u64, dtype: DType
     let dev = Device::Cpu;
     let cfg = tiny_config(architecture, 40, tie);
     let varmap = random_varmap(&cfg, seed, dtype, &dev)?;
-    let vb = candle_nn::VarBuilder::from_varmap(&varmap, dtype, &dev);
-    let model = CausalLm::load(vb, &cfg)?;
+    let model = LoadedModel::build(&varmap, &cfg, dtype, &dev)?;
     Ok(LoadedModel { model, varmap, tokenizer: word_tokenizer(cfg.vocab_size)?, source: format!("tiny:{seed}") })
 }

@@ -65,23 +65,20 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if x.rank() == 2 {
-            let y = ops::linear(x, &self.weight)?;
-            return Ok(match &self.bias {
-                Some(b) => y.broadcast_add(b)?,
-                None => y,
-            });
+        if x.rank() != 2 {
+            // Apply to a 2-D view, then restore the leading dimensions.
+            let dims = x.dims();
+            let in_dim = *dims.last().expect("linear input has at least one dim");
+            let y = self.forward(&x.reshape(((), in_dim))?)?;
+            let mut out = dims[..dims.len() - 1].to_vec();
+            out.push(y.dim(1)?);
+            return Ok(y.reshape(out)?);
         }
-        let dims = x.dims();
-        let in_dim = *dims.last().expect("linear input has at least one dim");
-        let x2 = x.reshape(((), in_dim))?;
-        let mut y = ops::linear(&x2, &self.weight)?;
-        if let Some(b) = &self.bias {
-            y = y.broadcast_add(b)?;
-        }
-        let mut out = dims[..dims.len() - 1].to_vec();
-        out.push(y.dim(1)?);
-        Ok(y.reshape(out)?)
+        let y = ops::linear(x, &self.weight)?;
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
     }
 }
 
