@@ -1,7 +1,9 @@
-//! The team: one model per agent, on the agent's device, with its prompt template.
+//! The team: one model per actor (per agent, or the one centralized actor), on its device, with
+//! the recipe for its prompts.
 use anyhow::{Context, Result};
 use candle_core::Device;
 
+use crate::collab::{joint_prompt, Collaboration};
 use crate::config::{Config, DeviceSpec};
 use crate::device::parse_device;
 use crate::model::LoadedModel;
@@ -12,28 +14,51 @@ pub struct Agent {
     pub index: usize,
     pub model: LoadedModel,
     pub device: Device,
-    template: String,
-    system_prompt: Option<String>,
+    recipe: PromptRecipe,
     chat_template: bool,
 }
 
+/// How an actor's prompt is written for an item.
+enum PromptRecipe {
+    /// A decentralized agent: its own template and system prompt.
+    Role { template: String, system_prompt: Option<String> },
+    /// The centralized actor: every role's template (and system prompt, as part of its task) in
+    /// one tagged prompt (`collab::joint_prompt`).
+    Joint { templates: Vec<String>, system_prompts: Option<Vec<String>> },
+}
+
 impl Agent {
-    /// The exact text this agent is given for an item: its template, then the chat template.
+    /// The exact text this actor is given for an item: its template(s), then the chat template.
     pub fn prompt_for(&self, item: &TaskItem) -> Result<String> {
-        let user = render_template(&self.template, item).with_context(|| format!("agent {} prompt", self.index))?;
-        self.model.tokenizer.format_prompt(self.chat_template, self.system_prompt.as_deref(), &user)
+        let tok = &self.model.tokenizer;
+        match &self.recipe {
+            PromptRecipe::Role { template, system_prompt } => {
+                let user = render_template(template, item).with_context(|| format!("agent {} prompt", self.index))?;
+                tok.format_prompt(self.chat_template, system_prompt.as_deref(), &user)
+            }
+            PromptRecipe::Joint { templates, system_prompts } => {
+                let roles = templates
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        let task = render_template(t, item).with_context(|| format!("agent {i} prompt"))?;
+                        Ok(match system_prompts {
+                            Some(s) => format!("{}\n{task}", s[i]),
+                            None => task,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                tok.format_prompt(self.chat_template, None, &joint_prompt(&roles))
+            }
+        }
     }
 }
 
 /// Load the team: the run's trained agents (`<run_dir>/agents/agent_i`) when they exist, else the
 /// configured base models.
 pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
-    if cfg.collaboration_mode == "centralized" {
-        anyhow::bail!(
-            "collaboration_mode = \"centralized\" is not supported by this version of pbrl (use \"decentralized\")"
-        );
-    }
-    let n = cfg.num_agents as usize;
+    let roles = cfg.num_agents as usize;
+    let n = cfg.num_actors();
     let sources = cfg.agent_sources()?;
     let devices = DeviceSpec::resolve(cfg.agent_devices.as_ref(), n, "agent_devices")?;
     let pick = |v: &[String], i: usize| {
@@ -42,6 +67,16 @@ pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
         } else {
             v[i].clone()
         }
+    };
+    let recipe = |i: usize| match Collaboration::from_config(cfg) {
+        Collaboration::Decentralized => PromptRecipe::Role {
+            template: pick(&cfg.task.formatters, i),
+            system_prompt: cfg.task.system_prompts.as_ref().map(|s| pick(s, i)),
+        },
+        Collaboration::Centralized { .. } => PromptRecipe::Joint {
+            templates: (0..roles).map(|r| pick(&cfg.task.formatters, r)).collect(),
+            system_prompts: cfg.task.system_prompts.as_ref().map(|s| (0..roles).map(|r| pick(s, r)).collect()),
+        },
     };
     (0..n)
         .map(|i| {
@@ -52,14 +87,7 @@ pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
             tracing::info!(agent = i, %source, "loading agent");
             let model =
                 LoadedModel::load(&source, &device).with_context(|| format!("loading agent {i} from `{source}`"))?;
-            Ok(Agent {
-                index: i,
-                model,
-                device,
-                template: pick(&cfg.task.formatters, i),
-                system_prompt: cfg.task.system_prompts.as_ref().map(|s| pick(s, i)),
-                chat_template: cfg.task.chat_template,
-            })
+            Ok(Agent { index: i, model, device, recipe: recipe(i), chat_template: cfg.task.chat_template })
         })
         .collect()
 }

@@ -413,11 +413,23 @@ impl Config {
         self.preference_replay_dir.clone().unwrap_or_else(|| self.run_dir.join("preference_replay"))
     }
 
-    /// The model source of each agent.
+    /// How many models act: one per agent, or the one centralized actor writing every role.
+    pub fn num_actors(&self) -> usize {
+        if self.collaboration_mode == "centralized" {
+            1
+        } else {
+            self.num_agents as usize
+        }
+    }
+
+    /// The model source of each actor.
     pub fn agent_sources(&self) -> Result<Vec<String>, ConfigError> {
-        let n = self.num_agents as usize;
+        let n = self.num_actors();
         match (&self.agents, &self.agent_model) {
             (Some(a), _) if a.len() == n => Ok(a.clone()),
+            (Some(_), _) if self.collaboration_mode == "centralized" => {
+                err("Centralized collaboration requires exactly one actor model: `agents` must list one model.")
+            }
             (Some(a), _) => err(format!("agents lists {} models but num_agents is {n}", a.len())),
             (None, Some(m)) => Ok(vec![m.clone(); n]),
             (None, None) => err("no model: set `agent_model` (one source for all agents) or `agents` (one per agent)"),
@@ -542,7 +554,7 @@ impl Config {
         if self.checkpoint_total_limit.is_some_and(|l| l < 1) {
             return err("checkpoint_total_limit must be null or >= 1.");
         }
-        DeviceSpec::resolve(self.agent_devices.as_ref(), n, "agent_devices")?;
+        DeviceSpec::resolve(self.agent_devices.as_ref(), self.num_actors(), "agent_devices")?;
         Ok(())
     }
 }
@@ -773,5 +785,9 @@ mod tests {
         assert!(load("", &[]).unwrap().agent_sources().unwrap_err().0.contains("agent_model"));
         assert_eq!(load("agent_model = \"m.gguf\"", &[]).unwrap().agent_sources().unwrap(), vec!["m.gguf", "m.gguf"]);
         assert!(load("agents = [\"a\"]", &[]).unwrap().agent_sources().unwrap_err().0.contains("num_agents is 2"));
+        let central = |extra: &str| load(&format!("collaboration_mode = \"centralized\"\n{extra}"), &[]).unwrap();
+        assert_eq!(central("agent_model = \"m\"").agent_sources().unwrap(), vec!["m"]);
+        assert_eq!(central("agents = [\"a\"]").agent_sources().unwrap(), vec!["a"]);
+        assert!(central("agents = [\"a\", \"b\"]").agent_sources().unwrap_err().0.contains("exactly one actor"));
     }
 }

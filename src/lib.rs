@@ -6,6 +6,7 @@ pub mod agents;
 pub mod algo;
 pub mod checkpoint;
 pub mod cli;
+pub mod collab;
 pub mod config;
 pub mod device;
 pub mod model;

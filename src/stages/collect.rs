@@ -4,8 +4,9 @@
 //! 1. load the train items and the team (trained agents if the run has them);
 //! 2. per batch of `collect_batch_size` items, each agent samples `preference_num_candidates`
 //!    completions per item (all of them in one batched call); candidate k of every agent is
-//!    joint response k;
-//! 3. the oracle scores each joint response: the task reward, then reward_processor;
+//!    joint response k (centralized: candidate k of the one actor, a tagged joint text);
+//! 3. the oracle scores each joint response: the task reward on the roles' outputs (centralized:
+//!    parsed from the joint text), then reward_processor;
 //! 4. pairs: every ordered pair with a positive score gap, ordered by `pair_selection` and cut
 //!    to `preference_pairs_per_sample` (reference §5.1);
 //! 5. write `<replay dir>/iteration_NNNN.json` atomically (and the reward histogram when asked).
@@ -15,6 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use crate::agents::load_team;
+use crate::collab::Collaboration;
 use crate::config::Config;
 use crate::model::sampling::{sample, SampleRequest};
 use crate::prefs::distribution::{distribution_record, histogram, svg};
@@ -57,6 +59,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     let n_cand = cfg.preference_num_candidates as usize;
     let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
     let team = load_team(cfg, run_dir)?;
+    let collab = Collaboration::from_config(cfg);
     let params = sampling_params(cfg);
 
     let bar = progress::bar(items.len() as u64, "collect");
@@ -96,7 +99,8 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
             let item_prompts: Vec<String> = prompts.iter().map(|a| a[j].clone()).collect();
             let joints: Vec<Vec<String>> =
                 (0..n_cand).map(|k| texts.iter().map(|a| a[j][k].clone()).collect()).collect();
-            let raw = reward.score_batch(item, &item_prompts, &joints)?;
+            let roles: Vec<Vec<String>> = joints.iter().map(|j| collab.role_outputs(j)).collect();
+            let raw = reward.score_batch(item, &collab.reward_prompts(item, &item_prompts)?, &roles)?;
             let scores: Vec<f64> = raw.iter().map(|&r| processor.apply(r)).collect();
             if let Some(bad) = scores.iter().find(|s| !s.is_finite()) {
                 bail!("the reward of train item {} is not finite ({bad})", first + j);

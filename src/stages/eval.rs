@@ -2,13 +2,15 @@
 //! response with the task reward (after reward_processor).
 //!
 //! 1. load the eval items and the team (trained agents if the run has them);
-//! 2. per batch of `eval_batch_size` items, each agent samples one completion per item;
+//! 2. per batch of `eval_batch_size` items, each agent samples one completion per item
+//!    (centralized: the one actor writes a tagged joint response, parsed into the roles' outputs);
 //! 3. score each joint response; report the mean as `eval/turn_1/reward_mean`;
 //! 4. write `<run_dir>/eval/eval-<UTC timestamp>.json`, a metrics line, and a table on stdout.
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
 use crate::agents::{load_team, Agent};
+use crate::collab::Collaboration;
 use crate::config::Config;
 use crate::model::sampling::{sample, SampleRequest, SamplingParams};
 use crate::progress;
@@ -92,6 +94,7 @@ pub fn evaluate(
     processor: RewardProcessor,
 ) -> Result<Evaluation> {
     let params = sampling_params(cfg);
+    let collab = Collaboration::from_config(cfg);
     let bar = progress::bar(items.len() as u64, "eval");
     let started = std::time::Instant::now();
     let mut generated = 0usize;
@@ -122,13 +125,18 @@ pub fn evaluate(
         }
         for (j, item) in batch.iter().enumerate() {
             let p: Vec<String> = prompts.iter().map(|a| a[j].clone()).collect();
-            let c: Vec<String> = completions.iter().map(|a| a[j].clone()).collect();
-            let r = processor.apply(reward.score(item, &p, &c)?);
+            let actor_outputs: Vec<String> = completions.iter().map(|a| a[j].clone()).collect();
+            let c = collab.role_outputs(&actor_outputs);
+            let r = processor.apply(reward.score(item, &collab.reward_prompts(item, &p)?, &c)?);
             if !r.is_finite() {
                 bail!("the reward of eval item {} is not finite ({r})", first + j);
             }
             rewards.push(r);
-            records.push(json!({"item": item, "prompts": p, "completions": c, "reward": r}));
+            let mut record = json!({"item": item, "prompts": p, "completions": c, "reward": r});
+            if collab.is_centralized() {
+                record["joint_completion"] = json!(actor_outputs[0]);
+            }
+            records.push(record);
             bar.inc(1);
         }
     }

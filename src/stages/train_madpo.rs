@@ -11,18 +11,21 @@
 //!    backward, AdamW step (a non-finite loss skips the step);
 //! 4. checkpoint every `checkpoint_interval` epochs; save the agents to `<run_dir>/agents/`.
 use anyhow::{bail, Context, Result};
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::agents::{load_team, Agent};
+use crate::agents::load_team;
 use crate::algo::madpo::{accuracy, agent_loss, other_margins};
 use crate::checkpoint::{self, Progress};
+use crate::collab::Collaboration;
 use crate::config::Config;
 use crate::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
-use crate::model::Mode;
+use crate::model::tokenizer::ChatTokenizer;
+use crate::model::transformer::CausalLm;
+use crate::model::{LoadedModel, Mode};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::prefs::replay::{plan, sample};
 use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
@@ -70,18 +73,24 @@ fn training_pairs(cfg: &Config) -> Result<(Vec<PreferencePair>, Vec<u32>)> {
     Ok((pairs, used))
 }
 
-/// Agent `a`'s (winner, loser) rows for a batch, re-tokenized from the stored text.
+/// Actor `a`'s (winner, loser) rows for a batch, re-tokenized from the stored text.
 ///
-/// Decoding dropped the end-of-turn token, so it is put back on completions that ended: those
-/// shorter than `max_new_tokens`. A completion cut off at the limit gets none, so scoring the
-/// last token never teaches an agent to stop where it did not.
-fn agent_rows(agent: &Agent, batch: &[&PreferencePair], max_new_tokens: usize) -> Result<Vec<ScoreRow>> {
-    let tok = &agent.model.tokenizer;
-    let a = agent.index;
+/// The reference scorer (`LastToken::Exclude`) sees the completion without its end-of-turn
+/// token (generation pads with it and the scorer trims at the first pad) and leaves the last
+/// content token out. With `LastToken::Include` every token the actor produced is scored: the
+/// end-of-turn token is put back on completions that ended, those shorter than `max_new_tokens`;
+/// one cut off at the limit gets none, so an actor is never taught to stop where it did not.
+pub fn agent_rows(
+    tok: &ChatTokenizer,
+    a: usize,
+    batch: &[&PreferencePair],
+    max_new_tokens: usize,
+    last: LastToken,
+) -> Result<Vec<ScoreRow>> {
     let eos = tok.stop_ids[0];
     let row = |prompt: &str, completion: &str| -> Result<ScoreRow> {
         let mut c = tok.encode(completion)?;
-        if c.len() < max_new_tokens {
+        if last == LastToken::Include && c.len() < max_new_tokens {
             c.push(eos);
         }
         Ok(ScoreRow { prompt: tok.encode(prompt)?, completion: c })
@@ -91,9 +100,45 @@ fn agent_rows(agent: &Agent, batch: &[&PreferencePair], max_new_tokens: usize) -
     winners.chain(losers).collect()
 }
 
-/// Margins Δ(p) = log π(winner) − log π(loser) from the stacked (winners, losers) log-probs.
-fn margins(lp: &Tensor, pairs: usize) -> Result<Tensor> {
+/// Margins Δ(p) = log π(winner) − log π(loser), (pairs,), from an actor's `agent_rows`.
+pub fn margins(model: &CausalLm, pad_id: u32, rows: &[ScoreRow], last: LastToken, mode: Mode) -> Result<Tensor> {
+    let pairs = rows.len() / 2;
+    let lp = sequence_log_probs(model, rows, last, pad_id, mode)?;
     Ok((lp.narrow(0, 0, pairs)? - lp.narrow(0, pairs, pairs)?)?)
+}
+
+/// Every actor's margins, once per batch, before any update and without gradients: `d[i][p]`.
+pub fn fixed_margins(models: &[&LoadedModel], rows: &[Vec<ScoreRow>], last: LastToken) -> Result<Vec<Vec<f64>>> {
+    models
+        .iter()
+        .zip(rows)
+        .map(|(m, r)| {
+            let d = margins(&m.model, m.tokenizer.pad_id, r, last, Mode::Infer)?;
+            Ok(d.to_dtype(DType::F64)?.to_vec1::<f64>()?)
+        })
+        .collect()
+}
+
+/// Actor i's differentiable MADPO loss against the others' fixed margins Σ_{j≠i} D_j.
+pub fn agent_objective(
+    model: &LoadedModel,
+    rows: &[ScoreRow],
+    others: &[f64],
+    last: LastToken,
+    beta: f64,
+) -> Result<Tensor> {
+    let own = margins(&model.model, model.tokenizer.pad_id, rows, last, Mode::Train)?;
+    agent_loss(&own, &Tensor::new(others, model.model.device())?, beta)
+}
+
+/// The scorer MADPO uses: the joint full-token scorer for a centralized actor (§6.3), else the
+/// decentralized one, which leaves the last token out unless `score_last_token` (§6.2).
+pub fn scorer(cfg: &Config) -> LastToken {
+    if Collaboration::from_config(cfg).is_centralized() || cfg.score_last_token {
+        LastToken::Include
+    } else {
+        LastToken::Exclude
+    }
 }
 
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainReport> {
@@ -102,12 +147,17 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
         println!("no non-tied preference pairs in the selected rounds; the agents are unchanged");
         return Ok(TrainReport { updates: 0, num_pairs: 0 });
     }
-    let n = cfg.num_agents as usize;
+    let n = cfg.num_actors();
     if let Some(bad) = pairs.iter().position(|p| p.prompts.len() != n) {
-        bail!("pair {bad} has {} agents' prompts but num_agents is {n}", pairs[bad].prompts.len());
+        bail!(
+            "pair {bad} has {} actors' prompts but this team has {n} (num_agents {}, collaboration_mode {})",
+            pairs[bad].prompts.len(),
+            cfg.num_agents,
+            cfg.collaboration_mode
+        );
     }
     let team = load_team(cfg, run_dir)?;
-    let last = if cfg.score_last_token { LastToken::Include } else { LastToken::Exclude };
+    let last = scorer(cfg);
     let adam = AdamWConfig::torch_defaults(cfg.agent_learning_rate);
     let mut optims = team
         .iter()
@@ -179,26 +229,17 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
             }
             let batch: Vec<&PreferencePair> = chunk.iter().map(|&i| &pairs[i]).collect();
             let max_new = cfg.max_new_tokens as usize;
-            let rows = team.iter().map(|a| agent_rows(a, &batch, max_new)).collect::<Result<Vec<_>>>()?;
-            // Every agent's margins, once per batch, before any update (no gradients).
-            let fixed: Vec<Vec<f64>> = team
+            let rows = team
                 .iter()
-                .zip(&rows)
-                .map(|(a, r)| {
-                    let lp = sequence_log_probs(&a.model.model, r, last, a.model.tokenizer.pad_id, Mode::Infer)?;
-                    Ok(margins(&lp, batch.len())?.to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?)
-                })
-                .collect::<Result<_>>()?;
+                .map(|a| agent_rows(&a.model.tokenizer, a.index, &batch, max_new, last))
+                .collect::<Result<Vec<_>>>()?;
+            let fixed = fixed_margins(&models, &rows, last)?;
             let others = other_margins(&fixed);
             let mut losses = Vec::with_capacity(n);
             let mut metrics = json!({"stage": "train-madpo", "epoch": epoch + 1, "update": progress.updates + 1});
             for (i, agent) in team.iter().enumerate() {
-                let lp =
-                    sequence_log_probs(&agent.model.model, &rows[i], last, agent.model.tokenizer.pad_id, Mode::Train)?;
-                let own = margins(&lp, batch.len())?;
-                let other = Tensor::new(others[i].as_slice(), agent.model.model.device())?;
-                let loss = agent_loss(&own, &other, cfg.dpo_beta)?;
-                let value = loss.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?;
+                let loss = agent_objective(&agent.model, &rows[i], &others[i], last, cfg.dpo_beta)?;
+                let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                 if !value.is_finite() {
                     tracing::warn!(agent = i, update = progress.updates, "non-finite MADPO loss; update skipped");
                     progress.skipped_nonfinite[i] += 1;
@@ -208,7 +249,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
                 let mut sq = 0.0;
                 for (_, var) in agent.model.varmap.data().lock().expect("VarMap lock").iter() {
                     if let Some(g) = grads.get(var.as_tensor()) {
-                        sq += g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?;
+                        sq += g.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                     }
                 }
                 optims[i].step(&grads)?;
