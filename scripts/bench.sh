@@ -22,39 +22,65 @@ echo "== pytorch train step"; "$VENV/bin/python" scripts/bench_torch.py train --
 echo "== pbrl sampling"; "$BIN" sample --threads "$T" --out "$OUT/pbrl_sample.json"
 echo "== hf generate"; "$VENV/bin/python" scripts/bench_torch.py sample --threads "$T" --pbrl "$OUT/pbrl_sample.json" --out "$OUT/torch_sample.json"
 
-# Preference collection: 8 items x 4 candidates x 2 agents x 32 new tokens, the same prompts.
-echo "== pbrl collect"
+# Preference collection (8 items x 4 candidates x 2 agents x 32 new tokens, the same prompts),
+# then MADPO training on that round (train_batch_size 2, 1 epoch); CoMLRL trains on the same
+# round file. Each pbrl stage runs in its own process, timed with its peak RSS.
+measure() { # measure OUT.json COMMAND...: wall seconds and peak RSS (MiB) of one process
+  local out=$1; shift
+  python3 - "$out" "$@" <<'PY'
+import json, resource, subprocess, sys, time
+t = time.perf_counter()
+subprocess.run(sys.argv[2:], check=True)
+secs = time.perf_counter() - t
+rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+json.dump({"wall_s": secs, "peak_rss_mib": rss}, open(sys.argv[1], "w"))
+PY
+}
 head -8 data/length_ratio/train.jsonl > "$OUT/train8.jsonl"
 rm -rf "$OUT/collect-run"
-start=$(date +%s.%N)
-target/release/pbrl collect --config configs/quickstart.toml --run-dir "$OUT/collect-run" --threads "$T" \
-  task.train_file="$OUT/train8.jsonl" preference_num_candidates=4 preference_pairs_per_sample=2 max_new_tokens=32 \
-  temperature=0.6 top_p=0.6 top_k=50 collect_batch_size=8
-python3 -c "import json,sys; json.dump({'collect_s': float(sys.argv[2]) - float(sys.argv[1])}, open('$OUT/pbrl_collect.json', 'w'))" "$start" "$(date +%s.%N)"
-echo "== comlrl collect"; "$VENV/bin/python" scripts/bench_comlrl_collect.py --threads "$T" --out "$OUT/comlrl_collect.json"
+common=(--config configs/quickstart.toml --run-dir "$OUT/collect-run" --threads "$T" task.train_file="$OUT/train8.jsonl"
+  preference_num_candidates=4 preference_pairs_per_sample=2 max_new_tokens=32 temperature=0.6 top_p=0.6 top_k=50
+  collect_batch_size=8 train_batch_size=2 num_train_epochs=1 agent_learning_rate=5e-6 eval_interval=0)
+echo "== pbrl collect"; measure "$OUT/pbrl_collect.json" target/release/pbrl collect "${common[@]}"
+echo "== pbrl train-madpo"; measure "$OUT/pbrl_madpo.json" target/release/pbrl train-madpo "${common[@]}"
+echo "== comlrl collect + MADPO on pbrl's round"
+"$VENV/bin/python" scripts/bench_comlrl.py --threads "$T" --round "$OUT/collect-run/preference_replay/iteration_0001.json" \
+  --out "$OUT/comlrl.json"
 
 python3 - "$OUT" <<'PY'
 import json, sys
 d = sys.argv[1]
-r = {k: json.load(open(f"{d}/{k}.json")) for k in ["pbrl_train", "torch_train", "pbrl_sample", "torch_sample", "pbrl_collect", "comlrl_collect"]}
+r = {k: json.load(open(f"{d}/{k}.json")) for k in ["pbrl_train", "torch_train", "pbrl_sample", "torch_sample", "pbrl_collect", "pbrl_madpo", "comlrl"]}
+num_pairs = json.load(open(f"{d}/collect-run/preference_replay/iteration_0001.json"))["num_pairs"]
 report = {
     "sampling_tokens_per_s": {"pbrl": r["pbrl_sample"]["tokens_per_s"], "hf_generate": r["torch_sample"]["tokens_per_s"]},
     "train_step_s": {"pbrl": r["pbrl_train"]["step_s"], "pytorch": r["torch_train"]["step_s"]},
     "train_step_phases_s": {k: {p: r[k][p] for p in ["forward_s", "backward_s", "adamw_s"]} for k in ["pbrl_train", "torch_train"]},
-    "peak_rss_mib": {"pbrl": r["pbrl_train"]["peak_rss_mib"], "pytorch": r["torch_train"]["peak_rss_mib"]},
-    "collect_s": {"pbrl": r["pbrl_collect"]["collect_s"], "comlrl": r["comlrl_collect"]["collect_s"]},
+    "collect_s": {"pbrl": r["pbrl_collect"]["wall_s"], "comlrl": r["comlrl"]["collect_s"]},
+    "madpo_train_s": {"pbrl": r["pbrl_madpo"]["wall_s"], "comlrl": r["comlrl"]["madpo_train_s"], "num_pairs": num_pairs},
+    "peak_rss_mib": {
+        "train_step": {"pbrl": r["pbrl_train"]["peak_rss_mib"], "pytorch": r["torch_train"]["peak_rss_mib"]},
+        # pbrl: the larger of its collect and train-madpo processes; CoMLRL: its one collect + train process
+        "madpo_run": {"pbrl": max(r["pbrl_collect"]["peak_rss_mib"], r["pbrl_madpo"]["peak_rss_mib"]),
+                      "comlrl": r["comlrl"]["peak_rss_mib"]},
+    },
     "threads": r["pbrl_train"]["threads"],
 }
 json.dump(report, open(f"{d}/report.json", "w"), indent=1)
 s, t, m = report["sampling_tokens_per_s"], report["train_step_s"], report["peak_rss_mib"]
 ph = report["train_step_phases_s"]
-print(f"\n{'measure':<34}{'pbrl':>10}{'pytorch':>10}{'ratio':>8}  target")
-print(f"{'sampling tok/s (8x64 vs HF b=1)':<34}{s['pbrl']:>10.1f}{s['hf_generate']:>10.1f}{s['pbrl']/s['hf_generate']:>8.2f}  >= 2.0")
-print(f"{'train step s (B=4x128)':<34}{t['pbrl']:>10.2f}{t['pytorch']:>10.2f}{t['pbrl']/t['pytorch']:>8.2f}  <= 1.0")
+print(f"\n{'measure':<40}{'pbrl':>10}{'baseline':>10}{'ratio':>8}  target")
+print(f"{'sampling tok/s (8x64 vs HF b=1)':<40}{s['pbrl']:>10.1f}{s['hf_generate']:>10.1f}{s['pbrl']/s['hf_generate']:>8.2f}  >= 2.0")
+print(f"{'train step s (B=4x128)':<40}{t['pbrl']:>10.2f}{t['pytorch']:>10.2f}{t['pbrl']/t['pytorch']:>8.2f}  <= 1.0")
 for p in ["forward_s", "backward_s", "adamw_s"]:
-    print(f"{'  ' + p:<34}{ph['pbrl_train'][p]:>10.2f}{ph['torch_train'][p]:>10.2f}{ph['pbrl_train'][p]/ph['torch_train'][p]:>8.2f}")
-print(f"{'train step peak RSS MiB':<34}{m['pbrl']:>10.0f}{m['pytorch']:>10.0f}{m['pbrl']/m['pytorch']:>8.2f}  <= 1.0")
+    print(f"{'  ' + p:<40}{ph['pbrl_train'][p]:>10.2f}{ph['torch_train'][p]:>10.2f}{ph['pbrl_train'][p]/ph['torch_train'][p]:>8.2f}")
+ts = m["train_step"]
+print(f"{'train step peak RSS MiB':<40}{ts['pbrl']:>10.0f}{ts['pytorch']:>10.0f}{ts['pbrl']/ts['pytorch']:>8.2f}  <= 1.0")
 c = report["collect_s"]
-print(f"{'collect s (8 items x 4 cand, wall)':<34}{c['pbrl']:>10.1f}{c['comlrl']:>10.1f}{c['pbrl']/c['comlrl']:>8.2f}  <= 0.33")
+print(f"{'collect s (8 items x 4 cand, wall)':<40}{c['pbrl']:>10.1f}{c['comlrl']:>10.1f}{c['pbrl']/c['comlrl']:>8.2f}  <= 0.33")
+md = report["madpo_train_s"]
+print(f"{'MADPO train s (' + str(num_pairs) + ' pairs, batch 2, wall)':<40}{md['pbrl']:>10.1f}{md['comlrl']:>10.1f}{md['pbrl']/md['comlrl']:>8.2f}  <= 0.5")
+mr = m["madpo_run"]
+print(f"{'collect + MADPO peak RSS MiB':<40}{mr['pbrl']:>10.0f}{mr['comlrl']:>10.0f}{mr['pbrl']/mr['comlrl']:>8.2f}  <= 0.6")
 print(f"report: {d}/report.json")
 PY

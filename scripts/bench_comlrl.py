@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
-"""CoMLRL 1.4.3 preference collection on the bench configuration, for scripts/bench.sh.
+"""CoMLRL 1.4.3 preference collection and MADPO training on the bench configuration, for
+scripts/bench.sh.
 
 SmolLM2-135M (the same GGUF, dequantized to f32), 2 agents, the first 8 items of
 data/length_ratio/train.jsonl with the quickstart's prompts (chat-templated exactly as pbrl gives
 them), 4 candidates, 32 new tokens, temperature 0.6, top_p 0.6, top_k 50, the length-ratio reward.
-Times MADPOTrainer._build_preference_dataset() (model loading excluded) and writes JSON.
+
+1. times MADPOTrainer._build_preference_dataset() (model loading excluded);
+2. with --round, trains on pbrl's round file of the same configuration, so that both train on the
+   same pairs: each record re-tokenized from its text as CoMLRL's iterative trainer does
+   (MADPOIterTrainer._preference_tensors_from_text), then MADPOTrainer._train_preference_pairs
+   (train_batch_size 2, 1 epoch, lr 5e-6), timed;
+3. writes JSON with both times and the process's peak RSS (the whole collect + train run).
 """
 import argparse
 import json
 import math
 import os
+import resource
 import time
 import tomllib
 from pathlib import Path
@@ -33,6 +41,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--items", type=int, default=8)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("THREADS", "2")))
+    ap.add_argument("--round", help="pbrl round file to train MADPO on after collecting")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -59,15 +68,36 @@ def main():
 
     args = MADPOConfig(num_train_epochs=1, num_agents=2, max_new_tokens=32, temperature=0.6, top_p=0.6, top_k=50,
                        preference_num_candidates=4, preference_pairs_per_sample=2, eval_interval=0,
-                       agent_devices=["cpu", "cpu"], train_batch_size=2)
+                       agent_devices=["cpu", "cpu"], train_batch_size=2, agent_learning_rate=5e-6)
     trainer = MADPOTrainer(agents=agents, num_agents=2, tokenizer=tok, train_dataset=Dataset.from_list(items),
                            reward_func=lambda c1, c2: [length_ratio(c1[0], c2[0])],
                            formatters=[formatter(0), formatter(1)], args=args)
     t = time.perf_counter()
     pairs = trainer._build_preference_dataset()
     secs = time.perf_counter() - t
-    Path(a.out).write_text(json.dumps({"collect_s": secs, "num_pairs": len(pairs), "threads": a.threads}))
+    out = {"collect_s": secs, "num_pairs": len(pairs), "threads": a.threads}
     print(f"CoMLRL collection: {len(pairs)} pairs in {secs:.1f} s")
+    if a.round:
+        from comlrl.trainers.preference.iterative import MADPOIterTrainer
+        from comlrl.trainers.preference.madpo import PreferencePair
+        records = json.loads(Path(a.round).read_text())["pairs"]
+        round_pairs = [
+            PreferencePair(
+                prompts=r["prompts"], winner_completions=r["winner_completions"],
+                loser_completions=r["loser_completions"],
+                agent_tensors=[MADPOIterTrainer._preference_tensors_from_text(
+                    trainer, i, r["prompts"][i], r["winner_completions"][i], r["loser_completions"][i]) for i in range(2)],
+                winner_reward=r["winner_reward"], loser_reward=r["loser_reward"],
+                candidate_reward_mean=r["candidate_reward_mean"])
+            for r in records
+        ]
+        t = time.perf_counter()
+        trainer._train_preference_pairs(round_pairs)
+        out["madpo_train_s"] = time.perf_counter() - t
+        out["madpo_num_pairs"] = len(round_pairs)
+        print(f"CoMLRL MADPO training: {len(round_pairs)} pairs in {out['madpo_train_s']:.1f} s")
+    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    Path(a.out).write_text(json.dumps(out))
 
 
 if __name__ == "__main__":
