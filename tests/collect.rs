@@ -108,7 +108,7 @@ fn a_round_written_by_comlrl_loads() {
 }
 
 #[test]
-fn collect_on_the_real_model() {
+fn collect_train_and_eval_on_the_real_model() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(d.join("train.jsonl"), "{\"prompt\": \"Describe the sea.\"}\n{\"prompt\": \"Explain rain.\"}\n")
@@ -125,5 +125,23 @@ fn collect_on_the_real_model() {
     assert!(round.num_pairs <= 2, "at most one ordered pair per item with 2 candidates");
     for p in &round.pairs {
         assert!(p.prompts[0].starts_with("<|im_start|>system\n") && p.prompts[0].ends_with("<|im_start|>assistant\n"));
+    }
+
+    // One MADPO update on that round, then eval with the trained agents.
+    assert!(round.num_pairs > 0, "this seed gives non-tied candidates");
+    let o = ok(pbrl(&["train-madpo", "--config", "c.toml", "train_batch_size=2", "num_train_epochs=1", "eval_interval=0"], d));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("1 updates"), "{}", String::from_utf8_lossy(&o.stdout));
+    for i in 0..2 {
+        assert!(d.join(format!("run/agents/agent_{i}/model.safetensors")).is_file());
+    }
+    let o = ok(pbrl(&["eval", "--config", "c.toml", "-v", "task.eval_file=train.jsonl", "eval_num_samples=2"], d));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("run/agents/agent_1"), "eval loads the trained agents");
+
+    // Centralized: one SmolLM2 actor gets the tagged joint prompt inside its chat template.
+    ok(pbrl(&["collect", "--config", "c.toml", "--run-dir", "central", "collaboration_mode=centralized"], d));
+    let round = RoundFile::load(&d.join("central/preference_replay/iteration_0001.json")).unwrap();
+    for p in &round.pairs {
+        assert_eq!(p.prompts.len(), 1);
+        assert!(p.prompts[0].starts_with("<|im_start|>system\n") && p.prompts[0].contains("<agent_1>"));
     }
 }
