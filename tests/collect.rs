@@ -129,7 +129,10 @@ fn collect_train_and_eval_on_the_real_model() {
 
     // One MADPO update on that round, then eval with the trained agents.
     assert!(round.num_pairs > 0, "this seed gives non-tied candidates");
-    let o = ok(pbrl(&["train-madpo", "--config", "c.toml", "train_batch_size=2", "num_train_epochs=1", "eval_interval=0"], d));
+    let o = ok(pbrl(
+        &["train-madpo", "--config", "c.toml", "train_batch_size=2", "num_train_epochs=1", "eval_interval=0"],
+        d,
+    ));
     assert!(String::from_utf8_lossy(&o.stdout).contains("1 updates"), "{}", String::from_utf8_lossy(&o.stdout));
     for i in 0..2 {
         assert!(d.join(format!("run/agents/agent_{i}/model.safetensors")).is_file());

@@ -46,7 +46,9 @@ fn madpo_lowers_the_loss_and_saves_loadable_agents() {
     let last = l[l.len() - 2..].iter().sum::<f64>() / 2.0;
     assert!(last < first, "MADPO loss should fall on its own pairs: {l:?}");
     let metrics = std::fs::read_to_string(d.join("run/metrics.jsonl")).unwrap();
-    for key in ["madpo/accuracy", "madpo/joint_margin_mean", "madpo/grad_norm/agent_1", "turn_1/reward_mean"] {
+    for key in
+        ["madpo/accuracy", "madpo/joint_margin_mean", "madpo/grad_norm/agent_1", "turn_1/reward_mean", "tokens_per_s"]
+    {
         assert!(metrics.contains(key), "{key} not logged");
     }
     for i in 0..2 {

@@ -215,6 +215,8 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
     let batches_per_epoch = pairs.len().div_ceil(per_update) as u64;
     let bar = progress::bar((epochs - progress.epoch.min(epochs)) * batches_per_epoch, "madpo");
     let started = std::time::Instant::now();
+    let first_update = progress.updates;
+    let mut tokens = 0usize; // tokens of every actor's rows, for tokens/s
     for epoch in progress.epoch..epochs {
         let mut order: Vec<usize> = (0..pairs.len()).collect();
         order.shuffle(&mut rng);
@@ -233,6 +235,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
                 .iter()
                 .map(|a| agent_rows(&a.model.tokenizer, a.index, &batch, max_new, last))
                 .collect::<Result<Vec<_>>>()?;
+            tokens += rows.iter().flatten().map(|r| r.prompt.len() + r.completion.len()).sum::<usize>();
             let fixed = fixed_margins(&models, &rows, last)?;
             let others = other_margins(&fixed);
             let mut losses = Vec::with_capacity(n);
@@ -267,8 +270,9 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
             metrics["madpo/skipped_nonfinite"] = json!(progress.skipped_nonfinite.iter().sum::<u64>());
             metrics["turn_1/reward_mean"] = json!(collected);
             metrics["turn_1/expected_return"] = json!(collected);
-            metrics["pairs_per_s"] =
-                json!((progress.updates as f64 * per_update as f64) / started.elapsed().as_secs_f64());
+            let secs = started.elapsed().as_secs_f64();
+            metrics["pairs_per_s"] = json!((progress.updates - first_update) as f64 * per_update as f64 / secs);
+            metrics["tokens_per_s"] = json!(tokens as f64 / secs);
             run_dir.log_metrics(&metrics)?;
             bar.set_message(format!("loss {loss_mean:.4}"));
             bar.inc(1);
