@@ -4,6 +4,7 @@ mod common;
 
 use candle_core::{DType, Device, IndexOp, Tensor, D};
 use pbrl::model::batch::{PaddedBatch, Padding};
+use rand::{Rng, SeedableRng};
 use pbrl::model::sampling::{argmax, greedy, sample, SampleRequest, SamplingParams};
 use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
 use pbrl::model::tiny::tiny_model;
@@ -102,6 +103,53 @@ fn scorer_equals_hand_computation() {
             };
             let want: f32 = (0..n).map(|k| lp[r.prompt.len() - 1 + k][r.completion[k] as usize]).sum();
             assert!((got[i] - want).abs() < 1e-4, "{last:?} row {i}: {} vs {want}", got[i]);
+        }
+    }
+}
+
+/// Rows sharing a prompt are packed with one copy of it, several prompts per packed sequence
+/// and several packed sequences when they overflow: each row's log-prob and the gradient of a
+/// weighted sum equal those of the rows scored one at a time.
+#[test]
+fn packed_shared_prompt_scoring_equals_rows_scored_alone() {
+    common::init();
+    let m = tiny_model(Architecture::Qwen2, true, 8, DType::F64).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let mut words = |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(3..40u32)).collect() };
+    let mut rows = Vec::new();
+    // Long prompts force more than one packed sequence (their groups exceed 256 tokens together).
+    for (p, completions) in [(60, vec![30, 5, 41]), (90, vec![1, 70]), (7, vec![12, 12]), (100, vec![0, 55])] {
+        let prompt = words(p);
+        for c in completions {
+            rows.push(ScoreRow { prompt: prompt.clone(), completion: words(c) });
+        }
+    }
+    rows.swap(1, 6); // groups need not be contiguous
+    let weights: Vec<f64> = (0..rows.len()).map(|i| (i as f64 * 0.37).sin()).collect();
+    let weighted = |lp: &Tensor, w: &[f64]| (lp * Tensor::new(w, &Device::Cpu).unwrap()).unwrap().sum_all().unwrap();
+    for last in [LastToken::Include, LastToken::Exclude] {
+        let packed = sequence_log_probs(&m.model, &rows, last, 0, Mode::Train).unwrap();
+        let got: Vec<f64> = packed.to_vec1().unwrap();
+        let grads = weighted(&packed, &weights).backward().unwrap();
+        let mut alone = Vec::new();
+        let mut sum: Option<Tensor> = None;
+        for (r, w) in rows.iter().zip(&weights) {
+            let lp = sequence_log_probs(&m.model, std::slice::from_ref(r), last, 0, Mode::Train).unwrap();
+            alone.push(lp.to_vec1::<f64>().unwrap()[0]);
+            let term = weighted(&lp, &[*w]);
+            sum = Some(match sum {
+                Some(s) => (s + term).unwrap(),
+                None => term,
+            });
+        }
+        for (i, (g, a)) in got.iter().zip(&alone).enumerate() {
+            assert!((g - a).abs() < 1e-9, "{last:?} row {i}: packed {g} vs alone {a}");
+        }
+        let want = sum.unwrap().backward().unwrap();
+        for (name, var) in m.varmap.data().lock().unwrap().iter() {
+            let (g, w) = (grads.get(var.as_tensor()).unwrap(), want.get(var.as_tensor()).unwrap());
+            let d = common::max_abs_diff(g, w);
+            assert!(d < 1e-9, "{last:?} {name}: gradient differs by {d}");
         }
     }
 }

@@ -7,7 +7,7 @@
 use anyhow::Result;
 use candle_core::Tensor;
 
-use super::batch::{PaddedBatch, Padding};
+use super::batch::MASKED;
 use super::transformer::{CausalLm, Mode};
 
 /// One (prompt, completion) pair of token rows.
@@ -26,8 +26,18 @@ pub enum LastToken {
     Exclude,
 }
 
+/// Packed sequences are filled up to this many tokens. Attention memory grows with its square,
+/// so it stays near the length of one prompt with its completions.
+const PACK_TOKENS: usize = 256;
+
 /// Σ log p(completion token | prefix) for each row, shape (rows,). Differentiable in
 /// `Mode::Train`; in the model's dtype. A row with nothing to score gets 0.
+///
+/// Rows with the same prompt share one copy of it (a preference pair's winner and loser do):
+/// a packed sequence holds `prompt, completion 1, completion 2, …` per prompt, each completion
+/// attending to its prompt and its own earlier tokens only, its positions continuing from the
+/// prompt's. The log-probs are those of each row scored alone (tested against transformers);
+/// the forward and backward passes see each shared prompt once and no padding between rows.
 pub fn sequence_log_probs(
     model: &CausalLm,
     rows: &[ScoreRow],
@@ -37,39 +47,89 @@ pub fn sequence_log_probs(
 ) -> Result<Tensor> {
     let dev = model.device().clone();
     let b = rows.len();
-    // Input: prompt ++ completion[..C-1]; the position P-1+k predicts completion[k].
-    let mut inputs = Vec::with_capacity(b);
-    let mut positions = Vec::new(); // flat index into (b * len) of each scored position
-    let mut targets = Vec::new();
-    let mut owner = Vec::new(); // row of each scored position
-    for r in rows {
-        let c = r.completion.len();
-        let n_scored = match last {
-            LastToken::Include => c,
-            LastToken::Exclude => c.saturating_sub(1),
-        };
-        if r.prompt.is_empty() && n_scored > 0 {
-            anyhow::bail!("cannot score a completion without a prompt");
-        }
-        let mut x = r.prompt.clone();
-        x.extend_from_slice(&r.completion[..c.saturating_sub(1)]);
-        inputs.push((x, n_scored));
+    let n_scored = |r: &ScoreRow| match last {
+        LastToken::Include => r.completion.len(),
+        LastToken::Exclude => r.completion.len().saturating_sub(1),
+    };
+    if let Some(r) = rows.iter().find(|r| r.prompt.is_empty() && n_scored(r) > 0) {
+        anyhow::bail!("cannot score a completion without a prompt ({} completion tokens)", r.completion.len());
     }
-    let len = inputs.iter().map(|(x, _)| x.len()).max().unwrap_or(0);
-    if len == 0 || inputs.iter().all(|(_, n)| *n == 0) {
+    // Prompt groups, in order of first appearance; only rows with something to score.
+    let mut groups: Vec<(&[u32], Vec<usize>)> = Vec::new();
+    for (i, r) in rows.iter().enumerate().filter(|(_, r)| n_scored(r) > 0) {
+        match groups.iter_mut().find(|(p, _)| *p == r.prompt.as_slice()) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((&r.prompt, vec![i])),
+        }
+    }
+    if groups.is_empty() {
         return Ok(Tensor::zeros(b, model.dtype(), &dev)?);
     }
-    for (row, ((_, n_scored), r)) in inputs.iter().zip(rows).enumerate() {
-        let p = r.prompt.len();
-        for k in 0..*n_scored {
-            positions.push((row * len + p - 1 + k) as u32);
-            targets.push(r.completion[k]);
-            owner.push(row);
+    // A group's input: the prompt, then each completion without its last token.
+    let group_len = |(p, m): &(&[u32], Vec<usize>)| p.len() + m.iter().map(|&i| rows[i].completion.len() - 1).sum::<usize>();
+    let mut packs: Vec<Vec<usize>> = Vec::new(); // group indices per packed sequence
+    let mut fill = 0;
+    for (g, group) in groups.iter().enumerate() {
+        let n = group_len(group);
+        match packs.last_mut() {
+            Some(pack) if fill + n <= PACK_TOKENS => {
+                pack.push(g);
+                fill += n;
+            }
+            _ => {
+                packs.push(vec![g]);
+                fill = n;
+            }
         }
     }
-    let token_rows: Vec<Vec<u32>> = inputs.into_iter().map(|(x, _)| x).collect();
-    let batch = PaddedBatch::new(&token_rows, pad_id, Padding::Right, &dev)?;
-    let hidden = model.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, mode)?; // (b·len, h)
+    let len = packs.iter().map(|pk| pk.iter().map(|&g| group_len(&groups[g])).sum::<usize>()).max().unwrap_or(1);
+
+    let mut ids = vec![pad_id; packs.len() * len];
+    let mut pos = vec![0u32; packs.len() * len];
+    let mut bias = vec![MASKED; packs.len() * len * len];
+    let mut positions = Vec::new(); // flat index into (packs · len) of each scored position
+    let mut targets = Vec::new();
+    let mut owner = Vec::new(); // row of each scored position
+    for (k, pack) in packs.iter().enumerate() {
+        let base = k * len;
+        let mut t = 0; // next free column of this packed sequence
+        for &g in pack {
+            let (prompt, members) = &groups[g];
+            let p = prompt.len();
+            let prompt_start = t;
+            // (column, position, first column this token may attend to besides its prompt)
+            let mut put = |t: &mut usize, id: u32, position: usize, branch_start: usize| {
+                ids[base + *t] = id;
+                pos[base + *t] = position as u32;
+                let q = &mut bias[(base + *t) * len..(base + *t + 1) * len];
+                q[prompt_start..prompt_start + p].iter_mut().take(*t + 1 - prompt_start).for_each(|x| *x = 0.0);
+                q[branch_start..=*t].iter_mut().for_each(|x| *x = 0.0);
+                *t += 1;
+            };
+            for (j, &id) in prompt.iter().enumerate() {
+                put(&mut t, id, j, prompt_start);
+            }
+            for &i in members {
+                let c = &rows[i].completion;
+                let branch_start = t;
+                // completion[0] is predicted by the prompt's last token, completion[k] by completion[k-1].
+                for k in 0..n_scored(&rows[i]) {
+                    let col = if k == 0 { prompt_start + p - 1 } else { branch_start + k - 1 };
+                    positions.push((base + col) as u32);
+                    targets.push(c[k]);
+                    owner.push(i);
+                }
+                for (j, &id) in c[..c.len() - 1].iter().enumerate() {
+                    put(&mut t, id, p + j, branch_start);
+                }
+            }
+        }
+    }
+    let n_packs = packs.len();
+    let ids = Tensor::from_vec(ids, (n_packs, len), &dev)?;
+    let pos = Tensor::from_vec(pos, (n_packs, len), &dev)?;
+    let bias = Tensor::from_vec(bias, (n_packs, 1, len, len), &dev)?;
+    let hidden = model.forward_rows(&ids, &pos, &bias, None, mode)?; // (packs·len, h)
     let n = positions.len();
     let picked = hidden.index_select(&Tensor::new(positions.as_slice(), &dev)?, 0)?;
     let logits = model.lm_head(&picked)?; // (n, vocab)
