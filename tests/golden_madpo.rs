@@ -9,7 +9,7 @@ use pbrl::algo::madpo::other_margins;
 use pbrl::model::scoring::LastToken;
 use pbrl::model::LoadedModel;
 use pbrl::prefs::PreferencePair;
-use pbrl::stages::train_madpo::{agent_objective, agent_rows, fixed_margins};
+use pbrl::stages::train_madpo::{agent_objective, agent_rows, batch_margins, margin_values};
 use serde_json::Value;
 
 fn check(scorer: &str, last: LastToken) {
@@ -41,7 +41,8 @@ fn check(scorer: &str, last: LastToken) {
     let rows: Vec<_> =
         models.iter().enumerate().map(|(i, m)| agent_rows(&m.tokenizer, i, &batch, max_new, last).unwrap()).collect();
 
-    let fixed = fixed_margins(&model_refs, &rows, last).unwrap();
+    let margins = batch_margins(&model_refs, &rows, last).unwrap();
+    let fixed = margin_values(&margins).unwrap();
     for (p, want) in case["margins"].as_array().unwrap().iter().enumerate() {
         for (i, w) in want.as_array().unwrap().iter().enumerate() {
             let w = w.as_f64().unwrap();
@@ -50,7 +51,7 @@ fn check(scorer: &str, last: LastToken) {
     }
     let others = other_margins(&fixed);
     for (i, m) in models.iter().enumerate() {
-        let loss = agent_objective(m, &rows[i], &others[i], last, beta).unwrap();
+        let loss = agent_objective(&margins[i], &others[i], beta).unwrap();
         let got = loss.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap();
         let want = case["losses"][i].as_f64().unwrap();
         assert!((got - want).abs() < 1e-5, "{scorer}: loss of agent {i}: {got} vs {want}");

@@ -4,11 +4,11 @@ mod common;
 
 use candle_core::{DType, Device, IndexOp, Tensor, D};
 use pbrl::model::batch::{PaddedBatch, Padding};
-use rand::{Rng, SeedableRng};
 use pbrl::model::sampling::{argmax, greedy, sample, SampleRequest, SamplingParams};
 use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
 use pbrl::model::tiny::tiny_model;
 use pbrl::model::{Architecture, LoadedModel, Mode};
+use rand::{Rng, SeedableRng};
 
 fn rows() -> Vec<Vec<u32>> {
     vec![vec![5, 9, 13, 7, 22, 31], vec![3, 4], vec![11, 12, 38, 20], vec![6]]

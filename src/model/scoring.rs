@@ -66,7 +66,8 @@ pub fn sequence_log_probs(
         return Ok(Tensor::zeros(b, model.dtype(), &dev)?);
     }
     // A group's input: the prompt, then each completion without its last token.
-    let group_len = |(p, m): &(&[u32], Vec<usize>)| p.len() + m.iter().map(|&i| rows[i].completion.len() - 1).sum::<usize>();
+    let group_len =
+        |(p, m): &(&[u32], Vec<usize>)| p.len() + m.iter().map(|&i| rows[i].completion.len() - 1).sum::<usize>();
     let mut packs: Vec<Vec<usize>> = Vec::new(); // group indices per packed sequence
     let mut fill = 0;
     for (g, group) in groups.iter().enumerate() {

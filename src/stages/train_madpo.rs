@@ -6,9 +6,10 @@
 //! 2. load the team and one AdamW per agent (PyTorch defaults, lr `agent_learning_rate`);
 //!    with `--resume`, restore the newest checkpoint;
 //! 3. per epoch, shuffle the pairs (seeded); per batch of `train_batch_size` pairs:
-//!    evaluate when `updates % eval_interval == 0`; compute every agent's margins once without
-//!    gradients; then for each agent in order: its loss against the others' fixed margins,
-//!    backward, AdamW step (a non-finite loss skips the step);
+//!    evaluate when `updates % eval_interval == 0`; compute every agent's margins, all before
+//!    any update (their values are the others' fixed margins); then for each agent in order:
+//!    its loss against the others' fixed margins, backward, AdamW step (a non-finite loss
+//!    skips the step);
 //! 4. checkpoint every `checkpoint_interval` epochs; save the agents to `<run_dir>/agents/`.
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor};
@@ -24,7 +25,6 @@ use crate::collab::Collaboration;
 use crate::config::Config;
 use crate::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
 use crate::model::tokenizer::ChatTokenizer;
-use crate::model::transformer::CausalLm;
 use crate::model::{LoadedModel, Mode};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::prefs::replay::{plan, sample};
@@ -100,35 +100,30 @@ pub fn agent_rows(
     winners.chain(losers).collect()
 }
 
-/// Margins Δ(p) = log π(winner) − log π(loser), (pairs,), from an actor's `agent_rows`.
-pub fn margins(model: &CausalLm, pad_id: u32, rows: &[ScoreRow], last: LastToken, mode: Mode) -> Result<Tensor> {
-    let pairs = rows.len() / 2;
-    let lp = sequence_log_probs(model, rows, last, pad_id, mode)?;
-    Ok((lp.narrow(0, 0, pairs)? - lp.narrow(0, pairs, pairs)?)?)
-}
-
-/// Every actor's margins, once per batch, before any update and without gradients: `d[i][p]`.
-pub fn fixed_margins(models: &[&LoadedModel], rows: &[Vec<ScoreRow>], last: LastToken) -> Result<Vec<Vec<f64>>> {
+/// Every actor's margins Δ_i(p) = log π_i(winner) − log π_i(loser), (pairs,), differentiable,
+/// all at the weights before any update of the batch. Their values are the fixed margins D_i
+/// that the reference computes in a separate pass without gradients (same weights, same
+/// numbers), so one forward per actor serves both.
+pub fn batch_margins(models: &[&LoadedModel], rows: &[Vec<ScoreRow>], last: LastToken) -> Result<Vec<Tensor>> {
     models
         .iter()
         .zip(rows)
         .map(|(m, r)| {
-            let d = margins(&m.model, m.tokenizer.pad_id, r, last, Mode::Infer)?;
-            Ok(d.to_dtype(DType::F64)?.to_vec1::<f64>()?)
+            let pairs = r.len() / 2;
+            let lp = sequence_log_probs(&m.model, r, last, m.tokenizer.pad_id, Mode::Train)?;
+            Ok((lp.narrow(0, 0, pairs)? - lp.narrow(0, pairs, pairs)?)?)
         })
         .collect()
 }
 
-/// Actor i's differentiable MADPO loss against the others' fixed margins Σ_{j≠i} D_j.
-pub fn agent_objective(
-    model: &LoadedModel,
-    rows: &[ScoreRow],
-    others: &[f64],
-    last: LastToken,
-    beta: f64,
-) -> Result<Tensor> {
-    let own = margins(&model.model, model.tokenizer.pad_id, rows, last, Mode::Train)?;
-    agent_loss(&own, &Tensor::new(others, model.model.device())?, beta)
+/// The margins' values, `d[i][p]`, as fixed numbers (no gradient flows through them).
+pub fn margin_values(margins: &[Tensor]) -> Result<Vec<Vec<f64>>> {
+    margins.iter().map(|m| Ok(m.to_dtype(DType::F64)?.to_vec1::<f64>()?)).collect()
+}
+
+/// Actor i's MADPO loss: its own differentiable margins against the others' fixed Σ_{j≠i} D_j.
+pub fn agent_objective(own: &Tensor, others: &[f64], beta: f64) -> Result<Tensor> {
+    agent_loss(own, &Tensor::new(others, own.device())?, beta)
 }
 
 /// The scorer MADPO uses: the joint full-token scorer for a centralized actor (§6.3), else the
@@ -236,12 +231,16 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
                 .map(|a| agent_rows(&a.model.tokenizer, a.index, &batch, max_new, last))
                 .collect::<Result<Vec<_>>>()?;
             tokens += rows.iter().flatten().map(|r| r.prompt.len() + r.completion.len()).sum::<usize>();
-            let fixed = fixed_margins(&models, &rows, last)?;
+            // One graph per actor, all before any update; actor i's is dropped after its backward.
+            let margins = batch_margins(&models, &rows, last)?;
+            let fixed = margin_values(&margins)?;
+            let mut own: Vec<Option<Tensor>> = margins.into_iter().map(Some).collect();
             let others = other_margins(&fixed);
             let mut losses = Vec::with_capacity(n);
             let mut metrics = json!({"stage": "train-madpo", "epoch": epoch + 1, "update": progress.updates + 1});
             for (i, agent) in team.iter().enumerate() {
-                let loss = agent_objective(&agent.model, &rows[i], &others[i], last, cfg.dpo_beta)?;
+                let margins = own[i].take().expect("each actor's margins are used once");
+                let loss = agent_objective(&margins, &others[i], cfg.dpo_beta)?;
                 let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                 if !value.is_finite() {
                     tracing::warn!(agent = i, update = progress.updates, "non-finite MADPO loss; update skipped");
@@ -249,6 +248,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
                     continue;
                 }
                 let grads = loss.backward()?;
+                drop((loss, margins)); // free the activations before the optimizer touches its moments
                 let mut sq = 0.0;
                 for (_, var) in agent.model.varmap.data().lock().expect("VarMap lock").iter() {
                     if let Some(g) = grads.get(var.as_tensor()) {
