@@ -70,9 +70,11 @@ impl AdamW {
         Ok(Self { config, slots, step: 0 })
     }
 
-    /// One update of every parameter that has a gradient in `grads`.
-    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+    /// One update of every parameter that has a gradient in `grads`; returns the gradients'
+    /// global L2 norm (read in the same pass on the CPU).
+    pub fn step(&mut self, grads: &GradStore) -> Result<f64> {
         self.step += 1;
+        let mut sq = 0.0;
         let c = self.config;
         let bc1 = 1.0 - c.beta1.powi(self.step as i32);
         let bc2 = 1.0 - c.beta2.powi(self.step as i32);
@@ -82,13 +84,15 @@ impl AdamW {
             };
             match &slot.moments {
                 Moments::Host(mv) => {
-                    let op = FusedAdamW { c, bc1, bc2, moments: mv };
+                    let op = FusedAdamW { c, bc1, bc2, moments: mv, grad_sq: Mutex::new(0.0) };
                     slot.var
                         .as_tensor()
                         .inplace_op2(&g.contiguous()?, &op)
                         .with_context(|| format!("AdamW on {}", slot.name))?;
+                    sq += *op.grad_sq.lock().expect("grad_sq lock");
                 }
                 Moments::Device(mv) => {
+                    sq += g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?;
                     let mut mv = mv.lock().expect("moments lock");
                     let p = slot.var.as_tensor();
                     let m = ((&mv.0 * c.beta1)? + (g * (1.0 - c.beta1))?)?;
@@ -100,7 +104,7 @@ impl AdamW {
                 }
             }
         }
-        Ok(())
+        Ok(sq.sqrt())
     }
 
     /// Restore the step count and the moments saved by [`AdamW::moments`] (matched by name).
@@ -156,6 +160,8 @@ struct FusedAdamW<'a> {
     bc1: f64,
     bc2: f64,
     moments: &'a Mutex<(Vec<f32>, Vec<f32>)>,
+    /// Σ g², accumulated while the gradient is read anyway.
+    grad_sq: Mutex<f64>,
 }
 
 impl candle_core::InplaceOp2 for FusedAdamW<'_> {
@@ -181,20 +187,26 @@ impl candle_core::InplaceOp2 for FusedAdamW<'_> {
         let inv_bc2_sqrt = (1.0 / self.bc2.sqrt()) as f32; // √v̂ = √v / √bc2
         let eps = c.eps as f32;
         const CHUNK: usize = 1 << 14;
-        p.par_chunks_mut(CHUNK)
+        let sq: f64 = p
+            .par_chunks_mut(CHUNK)
             .zip(g.par_chunks(CHUNK))
             .zip(m.par_chunks_mut(CHUNK))
             .zip(v.par_chunks_mut(CHUNK))
-            .for_each(|(((p, g), m), v)| {
+            .map(|(((p, g), m), v)| {
+                let mut sq = 0f64;
                 for i in 0..p.len() {
                     let gi = g[i];
+                    sq += (gi as f64) * (gi as f64);
                     let mi = b1 * m[i] + (1.0 - b1) * gi;
                     let vi = b2 * v[i] + (1.0 - b2) * gi * gi;
                     m[i] = mi;
                     v[i] = vi;
                     p[i] = p[i] * decay - step * mi / (vi.sqrt() * inv_bc2_sqrt + eps);
                 }
-            });
+                sq
+            })
+            .sum();
+        *self.grad_sq.lock().expect("grad_sq lock") += sq;
         Ok(())
     }
 }
@@ -218,7 +230,9 @@ mod tests {
             let loss = (var.as_tensor().sqr().unwrap() * (t as f64)).unwrap().sum_all().unwrap();
             let grads = loss.backward().unwrap();
             let g: Vec<f32> = grads.get(var.as_tensor()).unwrap().to_vec1().unwrap();
-            opt.step(&grads).unwrap();
+            let norm = opt.step(&grads).unwrap();
+            let want_norm = g.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+            assert!((norm - want_norm).abs() < 1e-9 * want_norm.max(1.0), "grad norm {norm} vs {want_norm}");
             for i in 0..1000 {
                 let gi = g[i] as f64;
                 p[i] *= 1.0 - 1e-2 * 0.01;

@@ -238,7 +238,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
             let others = other_margins(&fixed);
             let mut losses = Vec::with_capacity(n);
             let mut metrics = json!({"stage": "train-madpo", "epoch": epoch + 1, "update": progress.updates + 1});
-            for (i, agent) in team.iter().enumerate() {
+            for i in 0..n {
                 let margins = own[i].take().expect("each actor's margins are used once");
                 let loss = agent_objective(&margins, &others[i], cfg.dpo_beta)?;
                 let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
@@ -249,15 +249,9 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
                 }
                 let grads = loss.backward()?;
                 drop((loss, margins)); // free the activations before the optimizer touches its moments
-                let mut sq = 0.0;
-                for (_, var) in agent.model.varmap.data().lock().expect("VarMap lock").iter() {
-                    if let Some(g) = grads.get(var.as_tensor()) {
-                        sq += g.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-                    }
-                }
-                optims[i].step(&grads)?;
+                let grad_norm = optims[i].step(&grads)?;
                 progress.optimizer_steps[i] = optims[i].step;
-                metrics[format!("madpo/grad_norm/agent_{i}")] = json!(sq.sqrt());
+                metrics[format!("madpo/grad_norm/agent_{i}")] = json!(grad_norm);
                 losses.push(value);
             }
             progress.updates += 1;
