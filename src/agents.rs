@@ -73,8 +73,8 @@ pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
             template: pick(&cfg.task.formatters, i),
             system_prompt: cfg.task.system_prompts.as_ref().map(|s| pick(s, i)),
         },
-        Collaboration::Centralized { .. } => PromptRecipe::Joint {
-            templates: (0..roles).map(|r| pick(&cfg.task.formatters, r)).collect(),
+        Collaboration::Centralized { templates } => PromptRecipe::Joint {
+            templates,
             system_prompts: cfg.task.system_prompts.as_ref().map(|s| (0..roles).map(|r| pick(s, r)).collect()),
         },
     };
