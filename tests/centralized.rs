@@ -95,12 +95,7 @@ fn centralized_collect_train_eval() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("trained 1 agents"), "{}", String::from_utf8_lossy(&o.stdout));
     assert!(d.join("run/agents/agent_0/model.safetensors").is_file());
     assert!(!d.join("run/agents/agent_1").exists(), "one actor, one saved model");
-    let losses: Vec<f64> = std::fs::read_to_string(d.join("run/metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v["madpo/loss"].as_f64())
-        .collect();
+    let losses = common::metric_values(&d.join("run"), "madpo/loss");
     eprintln!("centralized MADPO losses: {losses:?}");
     let k = losses.len() / 3;
     assert!(k >= 1 && losses[losses.len() - k..].iter().sum::<f64>() < losses[..k].iter().sum::<f64>(), "{losses:?}");

@@ -23,15 +23,6 @@ fn setup(d: &Path, extra: &str) {
     ok(pbrl(&["collect", "--config", "c.toml"], d));
 }
 
-fn losses(d: &Path) -> Vec<f64> {
-    std::fs::read_to_string(d.join("run/metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v["madpo/loss"].as_f64())
-        .collect()
-}
-
 #[test]
 fn madpo_lowers_the_loss_and_saves_loadable_agents() {
     let dir = tempfile::tempdir().unwrap();
@@ -39,7 +30,7 @@ fn madpo_lowers_the_loss_and_saves_loadable_agents() {
     setup(d, "num_train_epochs = 4");
     let o = ok(pbrl(&["train-madpo", "--config", "c.toml"], d));
     assert!(String::from_utf8_lossy(&o.stdout).contains("agents saved"));
-    let l = losses(d);
+    let l = common::metric_values(&d.join("run"), "madpo/loss");
     eprintln!("MADPO losses per update: {l:?}");
     assert!(l.len() >= 4, "{l:?}");
     let first = l[..2].iter().sum::<f64>() / 2.0;

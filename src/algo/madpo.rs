@@ -12,11 +12,16 @@ pub fn neg_log_sigmoid(z: &Tensor) -> Result<Tensor> {
     Ok((z.neg()?.relu()? + tail)?)
 }
 
+/// The joint margins Σ_j D_j(p) from every agent's detached margins `d[j][p]`.
+pub fn joint_margins(d: &[Vec<f64>]) -> Vec<f64> {
+    let pairs = d.first().map_or(0, |m| m.len());
+    (0..pairs).map(|p| d.iter().map(|m| m[p]).sum()).collect()
+}
+
 /// Σ_{j≠i} D_j(p) for every agent i, from the detached margins `d[j][p]`.
 pub fn other_margins(d: &[Vec<f64>]) -> Vec<Vec<f64>> {
-    let pairs = d.first().map_or(0, |m| m.len());
-    let joint: Vec<f64> = (0..pairs).map(|p| d.iter().map(|m| m[p]).sum()).collect();
-    d.iter().map(|m| (0..pairs).map(|p| joint[p] - m[p]).collect()).collect()
+    let joint = joint_margins(d);
+    d.iter().map(|m| m.iter().zip(&joint).map(|(m, j)| j - m).collect()).collect()
 }
 
 /// Agent i's loss: `own` (pairs,) is its differentiable margin Δ_i, `others` (pairs,) the
@@ -28,11 +33,11 @@ pub fn agent_loss(own: &Tensor, others: &Tensor, beta: f64) -> Result<Tensor> {
 
 /// Share of pairs whose joint margin Σ_j D_j is positive.
 pub fn accuracy(d: &[Vec<f64>]) -> f64 {
-    let pairs = d.first().map_or(0, |m| m.len());
-    if pairs == 0 {
+    let joint = joint_margins(d);
+    if joint.is_empty() {
         return 0.0;
     }
-    (0..pairs).filter(|&p| d.iter().map(|m| m[p]).sum::<f64>() > 0.0).count() as f64 / pairs as f64
+    joint.iter().filter(|&&z| z > 0.0).count() as f64 / joint.len() as f64
 }
 
 #[cfg(test)]
@@ -54,6 +59,7 @@ mod tests {
     fn other_margins_and_accuracy() {
         let d = vec![vec![1.0, -2.0, 0.5], vec![0.5, 1.0, -1.0]];
         assert_eq!(other_margins(&d), vec![vec![0.5, 1.0, -1.0], vec![1.0, -2.0, 0.5]]);
+        assert_eq!(joint_margins(&d), vec![1.5, -1.0, -0.5]);
         assert!((accuracy(&d) - 1.0 / 3.0).abs() < 1e-12); // joint: 1.5, -1, -0.5
     }
 

@@ -114,10 +114,10 @@ pub fn sequence_log_probs(
                 let c = &rows[i].completion;
                 let branch_start = t;
                 // completion[0] is predicted by the prompt's last token, completion[k] by completion[k-1].
-                for k in 0..n_scored(&rows[i]) {
+                for (k, &target) in c.iter().take(n_scored(&rows[i])).enumerate() {
                     let col = if k == 0 { prompt_start + p - 1 } else { branch_start + k - 1 };
                     positions.push((base + col) as u32);
-                    targets.push(c[k]);
+                    targets.push(target);
                     owner.push(i);
                 }
                 for (j, &id) in c[..c.len() - 1].iter().enumerate() {

@@ -19,7 +19,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use crate::agents::load_team;
-use crate::algo::madpo::{accuracy, agent_loss, other_margins};
+use crate::algo::madpo::{accuracy, agent_loss, joint_margins, other_margins};
 use crate::checkpoint::{self, Progress};
 use crate::collab::Collaboration;
 use crate::config::Config;
@@ -234,12 +234,10 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
             // One graph per actor, all before any update; actor i's is dropped after its backward.
             let margins = batch_margins(&models, &rows, last)?;
             let fixed = margin_values(&margins)?;
-            let mut own: Vec<Option<Tensor>> = margins.into_iter().map(Some).collect();
             let others = other_margins(&fixed);
             let mut losses = Vec::with_capacity(n);
             let mut metrics = json!({"stage": "train-madpo", "epoch": epoch + 1, "update": progress.updates + 1});
-            for i in 0..n {
-                let margins = own[i].take().expect("each actor's margins are used once");
+            for (i, margins) in margins.into_iter().enumerate() {
                 let loss = agent_objective(&margins, &others[i], cfg.dpo_beta)?;
                 let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                 if !value.is_finite() {
@@ -255,7 +253,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
                 losses.push(value);
             }
             progress.updates += 1;
-            let joint: Vec<f64> = (0..batch.len()).map(|p| fixed.iter().map(|d| d[p]).sum()).collect();
+            let joint = joint_margins(&fixed);
             let collected = batch.iter().map(|p| p.candidate_reward_mean).sum::<f64>() / batch.len() as f64;
             let loss_mean = losses.iter().sum::<f64>() / losses.len().max(1) as f64;
             metrics["madpo/loss"] = json!(loss_mean);

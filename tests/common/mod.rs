@@ -54,6 +54,16 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
 }
 
+/// Every value of `key` in a run's metrics.jsonl, in order.
+pub fn metric_values(run: &Path, key: &str) -> Vec<f64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v[key].as_f64())
+        .collect()
+}
+
 /// Run the pbrl binary in `cwd` with one thread.
 pub fn pbrl(args: &[&str], cwd: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_pbrl")).args(args).current_dir(cwd).env("PBRL_THREADS", "1").output().unwrap()
