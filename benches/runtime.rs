@@ -2,7 +2,7 @@
 //! `scripts/bench.sh` runs it beside the PyTorch baseline (scripts/bench_torch.py) on the same
 //! token ids and reports ratios.
 //!
-//!   cargo bench --bench runtime -- sample|train --model M.gguf --out result.json [--steps N]
+//!   cargo bench --bench runtime -- sample|train --model M.gguf --out result.json [--steps N] [--device cuda:0]
 //!
 //! train: B = 4 × 128 tokens (2 pairs of chosen/rejected, ~48-token ChatML prompts), forward +
 //! completion log-probs + a DPO-style loss + backward + AdamW; the median of `steps` steps after
@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use candle_core::{Device, Var};
+use candle_core::Var;
 use pbrl::model::sampling::{sample, SampleRequest, SamplingParams};
 use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
 use pbrl::model::{LoadedModel, Mode};
@@ -57,7 +57,7 @@ fn train_rows(m: &LoadedModel) -> Result<Vec<ScoreRow>> {
     ];
     let mut rows = Vec::new();
     for (p, cs) in prompts.iter().zip(completions.iter()) {
-        let prompt = tok.encode(&tok.format_prompt(true, None, p)?)?;
+        let prompt = tok.encode(&tok.format_prompt(tok.chat_template.is_some(), None, p)?)?;
         for c in cs {
             let unit = tok.encode(&format!(" {c}"))?;
             let mut completion = Vec::new();
@@ -73,6 +73,7 @@ fn train_rows(m: &LoadedModel) -> Result<Vec<ScoreRow>> {
 
 fn bench_train(m: &LoadedModel, steps: usize) -> Result<serde_json::Value> {
     let rows = train_rows(m)?;
+    let dev = m.model.device().clone();
     eprintln!("loaded: peak RSS {:.0} MiB", peak_rss_mib());
     let params: Vec<(String, Var)> =
         m.varmap.data().lock().expect("lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -90,9 +91,11 @@ fn bench_train(m: &LoadedModel, steps: usize) -> Result<serde_json::Value> {
         let t_f = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let grads = loss.backward()?;
+        dev.synchronize()?; // GPU kernels run asynchronously: time them to their end
         let t_b = t.elapsed().as_secs_f64();
         let t = Instant::now();
         opt.step(&grads)?;
+        dev.synchronize()?;
         drop(grads);
         let t_o = t.elapsed().as_secs_f64();
         eprintln!("step {step}: loss {loss_value:.6} forward {t_f:.2}s backward {t_b:.2}s adamw {t_o:.2}s (peak RSS so far {:.0} MiB)", peak_rss_mib());
@@ -111,7 +114,7 @@ fn bench_train(m: &LoadedModel, steps: usize) -> Result<serde_json::Value> {
 fn bench_sample(m: &LoadedModel) -> Result<serde_json::Value> {
     let tok = &m.tokenizer;
     let prompt = tok.encode(&tok.format_prompt(
-        true,
+        tok.chat_template.is_some(),
         None,
         "Write a short story about a robot who learns to paint, in a few sentences.",
     )?)?;
@@ -134,12 +137,14 @@ fn main() -> Result<()> {
     let model = arg(&args, "--model").unwrap_or_else(|| "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".into());
     let threads = pbrl::device::init_threads(arg(&args, "--threads").and_then(|t| t.parse().ok()));
     let steps = arg(&args, "--steps").and_then(|s| s.parse().ok()).unwrap_or(3);
-    let m = LoadedModel::load(&model, &Device::Cpu)?;
+    let device = pbrl::device::parse_device(&arg(&args, "--device").unwrap_or_else(|| "cpu".into()), "--device")?;
+    let m = LoadedModel::load(&model, &device)?;
     let mut result = match mode.as_str() {
         "train" => bench_train(&m, steps)?,
         _ => bench_sample(&m)?,
     };
     result["threads"] = json!(threads);
+    result["device"] = json!(format!("{device:?}"));
     let text = serde_json::to_string(&result)?;
     match arg(&args, "--out") {
         Some(p) => std::fs::write(&p, &text).with_context(|| format!("writing {p}"))?,

@@ -4,6 +4,7 @@ pbrl used (read from pbrl's result file).
 
   bench_torch.py train  --pbrl target/bench/pbrl_train.json  --out target/bench/torch_train.json
   bench_torch.py sample --pbrl target/bench/pbrl_sample.json --out target/bench/torch_sample.json
+  [--model HF_DIR] [--device cuda]   (default: the bundled GGUF on the CPU)
 
 train: the same B=4x128 rows; forward, completion log-probs (log_softmax + gather, as CoMLRL
 does), the same DPO-style loss, backward, torch.optim.AdamW; median of the steps after a warm-up.
@@ -29,17 +30,25 @@ def peak_rss_mib():
 
 
 def load():
-    m = AutoModelForCausalLM.from_pretrained(GGUF, gguf_file=NAME, dtype=torch.float32)
-    return m
+    if ARGS.model:
+        m = AutoModelForCausalLM.from_pretrained(ARGS.model, dtype=torch.float32)
+    else:
+        m = AutoModelForCausalLM.from_pretrained(GGUF, gguf_file=NAME, dtype=torch.float32)
+    return m.to(ARGS.device)
+
+
+def sync():
+    if ARGS.device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def train(rows, steps):
     model = load()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    ids = torch.tensor([r["prompt"] + r["completion"] for r in rows])
+    ids = torch.tensor([r["prompt"] + r["completion"] for r in rows], device=ARGS.device)
     plen = [len(r["prompt"]) for r in rows]
-    mask = torch.zeros(ids.shape[0], ids.shape[1] - 1)
+    mask = torch.zeros(ids.shape[0], ids.shape[1] - 1, device=ARGS.device)
     for b, p in enumerate(plen):
         mask[b, p - 1:] = 1.0
     fwd, bwd, adam, losses = [], [], [], []
@@ -49,13 +58,16 @@ def train(rows, steps):
         lp = torch.log_softmax(logits, -1).gather(2, ids[:, 1:].unsqueeze(2)).squeeze(2)
         seq = (lp * mask).sum(1).view(2, 2)
         loss = -torch.nn.functional.logsigmoid(0.1 * (seq[:, 0] - seq[:, 1])).mean()
+        sync()
         tf = time.perf_counter() - t
         t = time.perf_counter()
         opt.zero_grad()
         loss.backward()
+        sync()
         tb = time.perf_counter() - t
         t = time.perf_counter()
         opt.step()
+        sync()
         to = time.perf_counter() - t
         print(f"step {step}: loss {loss.item():.6f} forward {tf:.2f}s backward {tb:.2f}s adamw {to:.2f}s", flush=True)
         if step > 0:
@@ -68,12 +80,13 @@ def train(rows, steps):
 def sample(prompt):
     model = load()
     model.eval()
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=ARGS.device)
     kw = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=0.6, top_p=0.9, top_k=50, pad_token_id=0)
     with torch.no_grad():
         model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)
         t = time.perf_counter()
         out = model.generate(ids, max_new_tokens=64, min_new_tokens=64, **kw)
+        sync()
         secs = time.perf_counter() - t
     n = out.shape[1] - ids.shape[1]
     return {"tokens": n, "seconds": secs, "tokens_per_s": n / secs, "peak_rss_mib": peak_rss_mib()}
@@ -86,10 +99,15 @@ if __name__ == "__main__":
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("THREADS", "2")))
-    a = ap.parse_args()
+    ap.add_argument("--model", help="a Hugging Face model directory instead of the bundled GGUF")
+    ap.add_argument("--device", default="cpu")
+    a = ARGS = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     src = json.loads(Path(a.pbrl).read_text())
     res = train(src["rows"], a.steps) if a.mode == "train" else sample(src["prompt"])
     res["threads"] = a.threads
+    res["device"] = a.device
+    if a.device.startswith("cuda"):
+        res["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
     Path(a.out).write_text(json.dumps(res))

@@ -92,6 +92,11 @@ impl AdamW {
                     sq += *op.grad_sq.lock().expect("grad_sq lock");
                 }
                 Moments::Device(mv) => {
+                    // A weight's gradient still references the forward graph it came from
+                    // (candle's backward does not detach them): moments built from it without
+                    // a detach would keep every step's activations alive through the chain of
+                    // moments, gigabytes per update on a GPU.
+                    let g = &g.detach();
                     sq += g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?;
                     let mut mv = mv.lock().expect("moments lock");
                     let p = slot.var.as_tensor();
@@ -248,5 +253,26 @@ mod tests {
             }
         }
         assert_eq!(opt.step, 5);
+    }
+
+    /// The tensor-op path (GPU weights, or f64 ones) keeps plain moments: a gradient still tied
+    /// to its forward graph must not chain every step's activations into them.
+    #[test]
+    fn moments_hold_no_autograd_graph() {
+        let dev = Device::Cpu;
+        let var = Var::from_tensor(&Tensor::new(&[0.5f64, -1.0, 2.0], &dev).unwrap()).unwrap();
+        let mut opt = AdamW::new(vec![("w".into(), var.clone())], AdamWConfig::torch_defaults(1e-2)).unwrap();
+        for _ in 0..2 {
+            let hidden = (var.as_tensor() * 3.0).unwrap().exp().unwrap(); // an activation on the graph
+            let grads = (hidden * var.as_tensor()).unwrap().sum_all().unwrap().backward().unwrap();
+            assert!(grads.get(var.as_tensor()).unwrap().track_op(), "the premise: gradients carry the graph");
+            opt.step(&grads).unwrap();
+        }
+        for (_, m, v) in opt.moments().unwrap() {
+            assert!(!m.track_op() && !v.track_op(), "moments reference the autograd graph");
+        }
+        let Moments::Device(mv) = &opt.slots[0].moments else { panic!("f64 weights use the tensor-op path") };
+        let mv = mv.lock().unwrap();
+        assert!(!mv.0.track_op() && !mv.1.track_op(), "moments reference the autograd graph");
     }
 }

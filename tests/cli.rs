@@ -51,6 +51,7 @@ fn user_errors_are_one_line_with_exit_code_2() {
     );
     let model = common::smollm2().display().to_string();
     let m = format!("agent_model={model}");
+    #[cfg(not(feature = "cuda"))]
     assert_user_error(
         &pbrl(&["eval", "--config", &cfg, &set, &m, "agent_devices=[\"cpu\", \"cuda:0\"]"], d),
         "agent_devices[1]: `cuda:0` needs a pbrl built with the `cuda` feature",
@@ -146,7 +147,7 @@ fn hub_ids_load_from_the_cache_and_fail_clearly_offline() {
         &format!("run_dir = \"run\"\nmax_new_tokens = 4\neval_num_samples = 1\n[task]\neval_file = \"{items}\"\nchat_template = false\n"),
     );
     let run = |model: &str| {
-        Command::new(env!("CARGO_BIN_EXE_pbrl"))
+        Command::new(common::pbrl_bin())
             .args(["eval", "--config", &cfg, &format!("agent_model={model}")])
             .current_dir(d)
             .env("PBRL_THREADS", "1")

@@ -1,7 +1,7 @@
 //! MADPO against CoMLRL 1.4.3's own loss code (scripts/golden_madpo.py): the same two small
 //! models and pair batches, per-agent losses within 1e-5 and every parameter's gradient within
 //! 1e-4 of its tensor's largest entry, for the decentralized scorer (last token left out) and the
-//! centralized joint scorer (every token, end-of-turn included).
+//! centralized joint scorer (every token, end-of-turn included). On `PBRL_TEST_DEVICE` (default cpu).
 mod common;
 
 use candle_core::{DType, Device};
@@ -33,8 +33,9 @@ fn check(scorer: &str, last: LastToken) {
         })
         .collect();
     let actors = pairs[0].prompts.len();
+    let dev = common::device();
     let models: Vec<LoadedModel> = (0..actors)
-        .map(|i| LoadedModel::load(dir.join(format!("agent_{i}")).to_str().unwrap(), &Device::Cpu).unwrap())
+        .map(|i| LoadedModel::load(dir.join(format!("agent_{i}")).to_str().unwrap(), &dev).unwrap())
         .collect();
     let model_refs: Vec<&LoadedModel> = models.iter().collect();
     let batch: Vec<&PreferencePair> = pairs.iter().collect();
@@ -66,8 +67,9 @@ fn check(scorer: &str, last: LastToken) {
                 continue;
             };
             let got = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("{key}: no gradient"));
+            let got = got.to_device(&Device::Cpu).unwrap();
             let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() as f64;
-            let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+            let diff = (&got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() as f64;
             assert!(scale > 0.0 && diff <= 1e-4 * scale, "{key}: max |Δ| {diff:.3e} vs scale {scale:.3e}");
             worst = worst.max(diff / scale);
             checked += 1;

@@ -1,9 +1,9 @@
 //! Every supported architecture against transformers: small random Llama and Qwen2 models saved
 //! by scripts/golden_reference.py (GQA, Qwen2 q/k/v bias, tied and untied heads), with their
-//! logits and completion log-probs for a right-padded batch.
+//! logits and completion log-probs for a right-padded batch. On `PBRL_TEST_DEVICE` (default cpu).
 mod common;
 
-use candle_core::{Device, IndexOp};
+use candle_core::IndexOp;
 use pbrl::model::batch::{PaddedBatch, Padding};
 use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
 use pbrl::model::{Architecture, LoadedModel, Mode};
@@ -13,7 +13,8 @@ fn check(name: &str, arch: Architecture, tied: bool) {
     common::init();
     let dir = common::fixtures().join(format!("tiny_{name}"));
     let golden: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
-    let m = LoadedModel::load(dir.to_str().unwrap(), &Device::Cpu).unwrap();
+    let dev = common::device();
+    let m = LoadedModel::load(dir.to_str().unwrap(), &dev).unwrap();
     assert_eq!(m.model.config.architecture, arch);
     assert_eq!(m.model.config.tie_word_embeddings, tied);
     let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
@@ -24,7 +25,7 @@ fn check(name: &str, arch: Architecture, tied: bool) {
         .map(|r| ScoreRow { prompt: ids(&r["prompt"]), completion: ids(&r["completion"]) })
         .collect();
     let seqs: Vec<Vec<u32>> = rows.iter().map(|r| [r.prompt.clone(), r.completion.clone()].concat()).collect();
-    let batch = PaddedBatch::new(&seqs, 0, Padding::Right, &Device::Cpu).unwrap();
+    let batch = PaddedBatch::new(&seqs, 0, Padding::Right, &dev).unwrap();
     for mode in [Mode::Train, Mode::Infer] {
         let logits = m.model.forward(&batch.ids, &batch.positions, &batch.bias, None, mode).unwrap();
         let mut worst = 0f64;

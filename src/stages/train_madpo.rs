@@ -108,9 +108,11 @@ pub fn batch_margins(models: &[&LoadedModel], rows: &[Vec<ScoreRow>], last: Last
     models
         .iter()
         .zip(rows)
-        .map(|(m, r)| {
+        .enumerate()
+        .map(|(i, (m, r))| {
             let pairs = r.len() / 2;
-            let lp = sequence_log_probs(&m.model, r, last, m.tokenizer.pad_id, Mode::Train)?;
+            let lp = sequence_log_probs(&m.model, r, last, m.tokenizer.pad_id, Mode::Train)
+                .with_context(|| format!("agent {i}: scoring the batch's completions"))?;
             Ok((lp.narrow(0, 0, pairs)? - lp.narrow(0, pairs, pairs)?)?)
         })
         .collect()
@@ -157,6 +159,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
     let mut optims = team
         .iter()
         .map(|a| {
+            let i = a.index;
             let params = a
                 .model
                 .varmap
@@ -166,7 +169,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
-            AdamW::new(params, adam)
+            AdamW::new(params, adam).with_context(|| format!("agent {i}: allocating the AdamW state"))
         })
         .collect::<Result<Vec<_>>>()?;
     let models: Vec<_> = team.iter().map(|a| &a.model).collect();
@@ -245,9 +248,9 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
                     progress.skipped_nonfinite[i] += 1;
                     continue;
                 }
-                let grads = loss.backward()?;
+                let grads = loss.backward().with_context(|| format!("agent {i}: backward pass"))?;
                 drop((loss, margins)); // free the activations before the optimizer touches its moments
-                let grad_norm = optims[i].step(&grads)?;
+                let grad_norm = optims[i].step(&grads).with_context(|| format!("agent {i}: AdamW update"))?;
                 progress.optimizer_steps[i] = optims[i].step;
                 metrics[format!("madpo/grad_norm/agent_{i}")] = json!(grad_norm);
                 losses.push(value);

@@ -23,8 +23,21 @@ pub fn random_like(t: &Tensor, seed: u64) -> Tensor {
     Tensor::from_vec(v, t.shape(), t.device()).unwrap().to_dtype(t.dtype()).unwrap()
 }
 
+/// The checkout: `PBRL_TEST_REPO` when test binaries run away from where they were built (the
+/// GPU machine), else the crate's own directory.
 pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("PBRL_TEST_REPO").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+/// The device the device-generic tests run on: `PBRL_TEST_DEVICE` (`cpu` or `cuda:N`), else the CPU.
+pub fn device() -> candle_core::Device {
+    let spec = std::env::var("PBRL_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
+    pbrl::device::parse_device(&spec, "PBRL_TEST_DEVICE").unwrap()
+}
+
+/// The pbrl binary: `PBRL_TEST_BIN` when test binaries run away from where they were built.
+pub fn pbrl_bin() -> PathBuf {
+    std::env::var_os("PBRL_TEST_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pbrl")))
 }
 
 /// The bundled SmolLM2 GGUF; tests that need it fail with a clear message when it is missing.
@@ -66,7 +79,7 @@ pub fn metric_values(run: &Path, key: &str) -> Vec<f64> {
 
 /// Run the pbrl binary in `cwd` with one thread.
 pub fn pbrl(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pbrl")).args(args).current_dir(cwd).env("PBRL_THREADS", "1").output().unwrap()
+    Command::new(pbrl_bin()).args(args).current_dir(cwd).env("PBRL_THREADS", "1").output().unwrap()
 }
 
 /// The output of a run that must succeed (its stderr shown if not).
