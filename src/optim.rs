@@ -71,10 +71,12 @@ impl AdamW {
     }
 
     /// One update of every parameter that has a gradient in `grads`; returns the gradients'
-    /// global L2 norm (read in the same pass on the CPU).
+    /// global L2 norm (read in the same pass on the CPU; summed on the device and read once
+    /// otherwise, so a GPU step does not wait on the host once per parameter).
     pub fn step(&mut self, grads: &GradStore) -> Result<f64> {
         self.step += 1;
         let mut sq = 0.0;
+        let mut device_sq: Option<Tensor> = None;
         let c = self.config;
         let bc1 = 1.0 - c.beta1.powi(self.step as i32);
         let bc2 = 1.0 - c.beta2.powi(self.step as i32);
@@ -97,17 +99,25 @@ impl AdamW {
                     // a detach would keep every step's activations alive through the chain of
                     // moments, gigabytes per update on a GPU.
                     let g = &g.detach();
-                    sq += g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?;
+                    let g2 = g.sqr()?;
+                    let slot_sq = g2.sum_all()?.to_dtype(candle_core::DType::F64)?;
+                    device_sq = Some(match device_sq {
+                        Some(total) => (total + slot_sq)?,
+                        None => slot_sq,
+                    });
                     let mut mv = mv.lock().expect("moments lock");
                     let p = slot.var.as_tensor();
                     let m = ((&mv.0 * c.beta1)? + (g * (1.0 - c.beta1))?)?;
-                    let v = ((&mv.1 * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
+                    let v = ((&mv.1 * c.beta2)? + (g2 * (1.0 - c.beta2))?)?;
                     let update = ((&m / bc1)? / ((&v / bc2)?.sqrt()? + c.eps)?)?;
                     let decayed = (p * (1.0 - c.lr * c.weight_decay))?;
                     slot.var.set(&(decayed - (update * c.lr)?)?)?;
                     *mv = (m, v);
                 }
             }
+        }
+        if let Some(total) = device_sq {
+            sq += total.to_scalar::<f64>()?;
         }
         Ok(sq.sqrt())
     }
@@ -265,8 +275,11 @@ mod tests {
         for _ in 0..2 {
             let hidden = (var.as_tensor() * 3.0).unwrap().exp().unwrap(); // an activation on the graph
             let grads = (hidden * var.as_tensor()).unwrap().sum_all().unwrap().backward().unwrap();
-            assert!(grads.get(var.as_tensor()).unwrap().track_op(), "the premise: gradients carry the graph");
-            opt.step(&grads).unwrap();
+            let g = grads.get(var.as_tensor()).unwrap();
+            assert!(g.track_op(), "the premise: gradients carry the graph");
+            let want_norm = g.to_vec1::<f64>().unwrap().iter().map(|x| x * x).sum::<f64>().sqrt();
+            let norm = opt.step(&grads).unwrap();
+            assert!((norm - want_norm).abs() < 1e-12 * want_norm, "grad norm {norm} vs {want_norm}");
         }
         for (_, m, v) in opt.moments().unwrap() {
             assert!(!m.track_op() && !v.track_op(), "moments reference the autograd graph");
