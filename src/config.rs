@@ -115,6 +115,9 @@ pub struct Config {
     pub reward_timeout_s: f64,
     /// Task items per sampling batch during collection (each brings all its candidates).
     pub collect_batch_size: i64,
+    /// Joint responses sampled per held-out item in an evaluation (the reference samples one);
+    /// more make `eval/turn_1/reward_mean` less noisy.
+    pub eval_samples_per_item: i64,
     /// [min, max] of the oracle's raw rewards, for `log_reward_distribution`.
     pub reward_range: Option<[f64; 2]>,
     /// Write per-round reward histograms to `<run_dir>/reward_distributions/`.
@@ -187,6 +190,7 @@ impl Default for Config {
             score_last_token: false,
             reward_timeout_s: 60.0,
             collect_batch_size: 1,
+            eval_samples_per_item: 1,
             reward_range: None,
             log_reward_distribution: false,
             preference_replay_dir: None,
@@ -459,6 +463,9 @@ impl Config {
         if self.eval_batch_size < 1 {
             return err("eval_batch_size must be >= 1.");
         }
+        if self.eval_samples_per_item < 1 {
+            return err("eval_samples_per_item must be >= 1.");
+        }
         if self.num_turns < 1 {
             return err("num_turns must be >= 1.");
         }
@@ -645,6 +652,7 @@ mod tests {
             ("eval_interval = -1", "eval_interval must be >= 0."),
             ("eval_num_samples = -1", "eval_num_samples must be >= 0."),
             ("eval_batch_size = 0", "eval_batch_size must be >= 1."),
+            ("eval_samples_per_item = 0", "eval_samples_per_item must be >= 1."),
             ("num_turns = 0", "num_turns must be >= 1."),
             ("logging_steps = 0", "logging_steps must be >= 1."),
             ("train_batch_size = 0", "train_batch_size must be >= 1."),

@@ -126,6 +126,26 @@ fn eval_runs_end_to_end_on_the_real_model() {
     assert_eq!(reports.len(), 2);
     let again: serde_json::Value = serde_json::from_slice(&std::fs::read(&reports[1]).unwrap()).unwrap();
     assert_eq!(again["items"], r["items"]);
+
+    // Three samples per item: six joint responses; each item's first sample is the one-sample run's.
+    let o = pbrl(&["eval", "--config", &cfg, "eval_samples_per_item=3"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let three = std::fs::read_dir(d.join("run/eval"))
+        .unwrap()
+        .map(|e| serde_json::from_slice::<serde_json::Value>(&std::fs::read(e.unwrap().path()).unwrap()).unwrap())
+        .find(|rep| rep["items"].as_array().unwrap().len() == 6)
+        .expect("a report with 2 items x 3 samples");
+    let records = three["items"].as_array().unwrap();
+    let samples: Vec<u64> = records.iter().map(|x| x["sample"].as_u64().unwrap()).collect();
+    assert_eq!(samples, [0, 1, 2, 0, 1, 2]);
+    assert_eq!(records[0], items[0]);
+    assert_eq!(records[3], items[1]);
+    let rewards: Vec<f64> = records.iter().map(|x| x["reward"].as_f64().unwrap()).collect();
+    let mean = three["metrics"]["eval/turn_1/reward_mean"].as_f64().unwrap();
+    assert!((mean - rewards.iter().sum::<f64>() / 6.0).abs() < 1e-12);
+    let (m0, m1) = (rewards[..3].iter().sum::<f64>() / 3.0, rewards[3..].iter().sum::<f64>() / 3.0);
+    let se = three["metrics"]["eval/turn_1/reward_stderr"].as_f64().unwrap();
+    assert!((se - (m0 - m1).abs() / 2.0).abs() < 1e-12, "{se} vs item means {m0} {m1}");
 }
 
 /// A hub id resolves through the standard Hugging Face cache (`$HF_HOME/hub`) without network;

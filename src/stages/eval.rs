@@ -1,10 +1,12 @@
-//! `pbrl eval`: sample one completion per agent for each held-out item and score the joint
-//! response with the task reward (after reward_processor).
+//! `pbrl eval`: sample a joint response for each held-out item (the reference samples one;
+//! `eval_samples_per_item` more) and score it with the task reward (after reward_processor).
 //!
 //! 1. load the eval items and the team (trained agents if the run has them);
-//! 2. per batch of `eval_batch_size` items, each agent samples one completion per item
-//!    (centralized: the one actor writes a tagged joint response, parsed into the roles' outputs);
-//! 3. score each joint response; report the mean as `eval/turn_1/reward_mean`;
+//! 2. per batch of `eval_batch_size` items, each agent samples `eval_samples_per_item`
+//!    completions per item, each with its own seeded stream (centralized: the one actor writes a
+//!    tagged joint response, parsed into the roles' outputs);
+//! 3. score each joint response; report the mean as `eval/turn_1/reward_mean` and its standard
+//!    error over items (`eval/turn_1/reward_stderr`);
 //! 4. write `<run_dir>/eval/eval-<UTC timestamp>.json`, a metrics line, and a table on stdout.
 use anyhow::{bail, Context, Result};
 use serde_json::json;
@@ -42,19 +44,28 @@ pub fn run(cfg: &Config, run_dir: &RunDir) -> Result<EvalReport> {
     let (records, rewards, generated) = (outcome.records, outcome.rewards, outcome.tokens);
 
     let mean = rewards.iter().sum::<f64>() / rewards.len() as f64;
-    let metrics = json!({"eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean});
+    let stderr = outcome.reward_stderr;
+    let metrics = json!({
+        "eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean, "eval/turn_1/reward_stderr": stderr,
+    });
     let report = json!({"metrics": metrics, "items": records});
     let path = unused_path(&run_dir.eval(), &chrono::Utc::now().format("eval-%Y%m%dT%H%M%SZ").to_string());
     atomic_write(&path, serde_json::to_string_pretty(&report)?.as_bytes())?;
     run_dir.log_metrics(&json!({
-        "stage": "eval", "time": chrono::Utc::now().to_rfc3339(), "num_items": rewards.len(),
-        "eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean,
+        "stage": "eval", "time": chrono::Utc::now().to_rfc3339(), "num_items": items.len(),
+        "samples_per_item": cfg.eval_samples_per_item,
+        "eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean, "eval/turn_1/reward_stderr": stderr,
         "tokens_per_s": generated as f64 / started.elapsed().as_secs_f64(),
     }))?;
 
     print_table(&records);
     println!("eval/turn_1/reward_mean     {mean:.4}");
     println!("eval/turn_1/expected_return {mean:.4}");
+    println!(
+        "eval/turn_1/reward_stderr   {stderr:.4}  ({} items x {} samples)",
+        items.len(),
+        cfg.eval_samples_per_item
+    );
     println!("report: {}", path.display());
     Ok(EvalReport { reward_mean: mean, path })
 }
@@ -72,8 +83,12 @@ pub fn eval_items(cfg: &Config) -> Result<Option<Vec<TaskItem>>> {
 }
 
 pub struct Evaluation {
+    /// One per (item, sample), item-major.
     pub records: Vec<serde_json::Value>,
     pub rewards: Vec<f64>,
+    /// Standard error of the mean over items (each item's samples averaged first, since they
+    /// share a prompt); 0 with a single item.
+    pub reward_stderr: f64,
     pub tokens: usize,
 }
 
@@ -83,9 +98,10 @@ impl Evaluation {
     }
 }
 
-/// Each agent samples one completion per item (batches of `eval_batch_size` items); each joint
-/// response is scored with the task reward and reward_processor. Used by `pbrl eval` and by the
-/// periodic evaluation during training.
+/// Each agent samples `eval_samples_per_item` completions per item (batches of
+/// `eval_batch_size` items, a prompt's samples sharing its prefill); each joint response is
+/// scored with the task reward and reward_processor. Used by `pbrl eval` and by the periodic
+/// evaluation during training.
 pub fn evaluate(
     cfg: &Config,
     team: &[Agent],
@@ -94,6 +110,7 @@ pub fn evaluate(
     processor: RewardProcessor,
 ) -> Result<Evaluation> {
     let params = sampling_params(cfg);
+    let k = cfg.eval_samples_per_item as usize;
     let collab = Collaboration::from_config(cfg);
     let bar = progress::bar(items.len() as u64, "eval");
     let started = std::time::Instant::now();
@@ -102,19 +119,19 @@ pub fn evaluate(
     let mut rewards = Vec::with_capacity(items.len());
     for (batch_idx, batch) in items.chunks(cfg.eval_batch_size as usize).enumerate() {
         let first = batch_idx * cfg.eval_batch_size as usize;
-        // prompts[a][j], completions[a][j]: agent a, item j of the batch.
+        // prompts[a][j]: agent a, item j of the batch; completions[a][j·k + r]: its sample r.
         let mut prompts = Vec::with_capacity(team.len());
         let mut completions = Vec::with_capacity(team.len());
         for agent in team {
             let texts = batch.iter().map(|it| agent.prompt_for(it)).collect::<Result<Vec<_>>>()?;
-            let requests = texts
-                .iter()
-                .enumerate()
-                .map(|(j, t)| {
-                    let seed = derive_seed(cfg.seed, &[purpose::EVAL, (first + j) as u64, agent.index as u64]);
-                    Ok(SampleRequest { prompt: agent.model.tokenizer.encode(t)?, seed })
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let mut requests = Vec::with_capacity(batch.len() * k);
+            for (j, t) in texts.iter().enumerate() {
+                let prompt = agent.model.tokenizer.encode(t)?;
+                for r in 0..k {
+                    let seed = eval_seed(cfg.seed, first + j, agent.index, r);
+                    requests.push(SampleRequest { prompt: prompt.clone(), seed });
+                }
+            }
             let tok = &agent.model.tokenizer;
             let out = sample(&agent.model.model, &requests, &params, &tok.stop_ids, tok.pad_id, |n| {
                 generated += n;
@@ -125,23 +142,71 @@ pub fn evaluate(
         }
         for (j, item) in batch.iter().enumerate() {
             let p: Vec<String> = prompts.iter().map(|a| a[j].clone()).collect();
-            let actor_outputs: Vec<String> = completions.iter().map(|a| a[j].clone()).collect();
-            let c = collab.role_outputs(&actor_outputs);
-            let r = processor.apply(reward.score(item, &collab.reward_prompts(item, &p)?, &c)?);
-            if !r.is_finite() {
-                bail!("the reward of eval item {} is not finite ({r})", first + j);
+            let reward_prompts = collab.reward_prompts(item, &p)?;
+            for sample in 0..k {
+                let actor_outputs: Vec<String> = completions.iter().map(|a| a[j * k + sample].clone()).collect();
+                let c = collab.role_outputs(&actor_outputs);
+                let r = processor.apply(reward.score(item, &reward_prompts, &c)?);
+                if !r.is_finite() {
+                    bail!("the reward of eval item {} (sample {sample}) is not finite ({r})", first + j);
+                }
+                rewards.push(r);
+                let mut record = json!({"item": item, "sample": sample, "prompts": p, "completions": c, "reward": r});
+                if collab.is_centralized() {
+                    record["joint_completion"] = json!(actor_outputs[0]);
+                }
+                records.push(record);
             }
-            rewards.push(r);
-            let mut record = json!({"item": item, "prompts": p, "completions": c, "reward": r});
-            if collab.is_centralized() {
-                record["joint_completion"] = json!(actor_outputs[0]);
-            }
-            records.push(record);
             bar.inc(1);
         }
     }
     bar.finish_and_clear();
-    Ok(Evaluation { records, rewards, tokens: generated })
+    let reward_stderr = stderr_over_items(&rewards, k);
+    Ok(Evaluation { records, rewards, reward_stderr, tokens: generated })
+}
+
+/// The seed of agent `agent`'s sample `sample` for eval item `item`. Sample 0 keeps the
+/// one-sample stream, so `eval_samples_per_item = 1` evaluates exactly as before it existed.
+fn eval_seed(seed: u64, item: usize, agent: usize, sample: usize) -> u64 {
+    let mut path = vec![purpose::EVAL, item as u64, agent as u64];
+    if sample > 0 {
+        path.push(sample as u64);
+    }
+    derive_seed(seed, &path)
+}
+
+/// Standard error of the mean reward over items: rewards come item-major, `k` per item; an
+/// item's samples are averaged first (they share a prompt, so they are not independent).
+pub fn stderr_over_items(rewards: &[f64], k: usize) -> f64 {
+    let means: Vec<f64> = rewards.chunks(k).map(|c| c.iter().sum::<f64>() / c.len() as f64).collect();
+    let n = means.len();
+    if n < 2 {
+        return 0.0;
+    }
+    let mean = means.iter().sum::<f64>() / n as f64;
+    let var = means.iter().map(|m| (m - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    (var / n as f64).sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stderr_averages_each_items_samples_first() {
+        // Two items, two samples each: item means 0.5 and 1.0 → sd 0.3536, se 0.25.
+        assert!((stderr_over_items(&[0.0, 1.0, 1.0, 1.0], 2) - 0.25).abs() < 1e-12);
+        // Identical item means: no spread between items, whatever the samples do.
+        assert_eq!(stderr_over_items(&[0.0, 1.0, 1.0, 0.0], 2), 0.0);
+        assert_eq!(stderr_over_items(&[0.3], 1), 0.0);
+    }
+
+    #[test]
+    fn the_first_sample_keeps_the_one_sample_seed() {
+        assert_eq!(eval_seed(42, 3, 1, 0), derive_seed(42, &[purpose::EVAL, 3, 1]));
+        assert_ne!(eval_seed(42, 3, 1, 1), eval_seed(42, 3, 1, 0));
+        assert_ne!(eval_seed(42, 3, 1, 1), eval_seed(42, 3, 1, 2));
+    }
 }
 
 /// `<dir>/<stem>.json`, or `<stem>-2.json`, ... if a report of the same second exists.
