@@ -41,10 +41,9 @@ pub fn run(cfg: &Config, run_dir: &RunDir) -> Result<EvalReport> {
     let team = load_team(cfg, run_dir)?;
     let started = std::time::Instant::now();
     let outcome = evaluate(cfg, &team, &items, reward.as_mut(), processor)?;
-    let (records, rewards, generated) = (outcome.records, outcome.rewards, outcome.tokens);
+    let (mean, stderr) = (outcome.reward_mean(), outcome.reward_stderr);
+    let (records, generated) = (outcome.records, outcome.tokens);
 
-    let mean = rewards.iter().sum::<f64>() / rewards.len() as f64;
-    let stderr = outcome.reward_stderr;
     let metrics = json!({
         "eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean, "eval/turn_1/reward_stderr": stderr,
     });
@@ -143,15 +142,15 @@ pub fn evaluate(
         for (j, item) in batch.iter().enumerate() {
             let p: Vec<String> = prompts.iter().map(|a| a[j].clone()).collect();
             let reward_prompts = collab.reward_prompts(item, &p)?;
-            for sample in 0..k {
-                let actor_outputs: Vec<String> = completions.iter().map(|a| a[j * k + sample].clone()).collect();
+            for draw in 0..k {
+                let actor_outputs: Vec<String> = completions.iter().map(|a| a[j * k + draw].clone()).collect();
                 let c = collab.role_outputs(&actor_outputs);
                 let r = processor.apply(reward.score(item, &reward_prompts, &c)?);
                 if !r.is_finite() {
-                    bail!("the reward of eval item {} (sample {sample}) is not finite ({r})", first + j);
+                    bail!("the reward of eval item {} (sample {draw}) is not finite ({r})", first + j);
                 }
                 rewards.push(r);
-                let mut record = json!({"item": item, "sample": sample, "prompts": p, "completions": c, "reward": r});
+                let mut record = json!({"item": item, "sample": draw, "prompts": p, "completions": c, "reward": r});
                 if collab.is_centralized() {
                     record["joint_completion"] = json!(actor_outputs[0]);
                 }

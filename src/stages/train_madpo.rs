@@ -224,7 +224,8 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
                     let ev = evaluate(cfg, &team, items, reward.as_mut(), *processor)?;
                     let mean = ev.reward_mean();
                     run_dir.log_metrics(&json!({"stage": "train-madpo", "update": progress.updates,
-                        "eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean}))?;
+                        "eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean,
+                        "eval/turn_1/reward_stderr": ev.reward_stderr}))?;
                 }
             }
             let batch: Vec<&PreferencePair> = chunk.iter().map(|&i| &pairs[i]).collect();
