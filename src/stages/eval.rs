@@ -187,27 +187,6 @@ pub fn stderr_over_items(rewards: &[f64], k: usize) -> f64 {
     (var / n as f64).sqrt()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stderr_averages_each_items_samples_first() {
-        // Two items, two samples each: item means 0.5 and 1.0 → sd 0.3536, se 0.25.
-        assert!((stderr_over_items(&[0.0, 1.0, 1.0, 1.0], 2) - 0.25).abs() < 1e-12);
-        // Identical item means: no spread between items, whatever the samples do.
-        assert_eq!(stderr_over_items(&[0.0, 1.0, 1.0, 0.0], 2), 0.0);
-        assert_eq!(stderr_over_items(&[0.3], 1), 0.0);
-    }
-
-    #[test]
-    fn the_first_sample_keeps_the_one_sample_seed() {
-        assert_eq!(eval_seed(42, 3, 1, 0), derive_seed(42, &[purpose::EVAL, 3, 1]));
-        assert_ne!(eval_seed(42, 3, 1, 1), eval_seed(42, 3, 1, 0));
-        assert_ne!(eval_seed(42, 3, 1, 1), eval_seed(42, 3, 1, 2));
-    }
-}
-
 /// `<dir>/<stem>.json`, or `<stem>-2.json`, ... if a report of the same second exists.
 fn unused_path(dir: &std::path::Path, stem: &str) -> std::path::PathBuf {
     let mut p = dir.join(format!("{stem}.json"));
@@ -232,5 +211,26 @@ fn print_table(records: &[serde_json::Value]) {
             })
             .collect();
         println!("{i:>4}  {:>8.4}  {}", r["reward"].as_f64().unwrap_or(f64::NAN), cells.join(" | "));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stderr_averages_each_items_samples_first() {
+        // Two items, two samples each: item means 0.5 and 1.0 → sd 0.3536, se 0.25.
+        assert!((stderr_over_items(&[0.0, 1.0, 1.0, 1.0], 2) - 0.25).abs() < 1e-12);
+        // Identical item means: no spread between items, whatever the samples do.
+        assert_eq!(stderr_over_items(&[0.0, 1.0, 1.0, 0.0], 2), 0.0);
+        assert_eq!(stderr_over_items(&[0.3], 1), 0.0);
+    }
+
+    #[test]
+    fn the_first_sample_keeps_the_one_sample_seed() {
+        assert_eq!(eval_seed(42, 3, 1, 0), derive_seed(42, &[purpose::EVAL, 3, 1]));
+        assert_ne!(eval_seed(42, 3, 1, 1), eval_seed(42, 3, 1, 0));
+        assert_ne!(eval_seed(42, 3, 1, 1), eval_seed(42, 3, 1, 2));
     }
 }
