@@ -176,7 +176,7 @@ fn eval_seed(seed: u64, item: usize, agent: usize, sample: usize) -> u64 {
 
 /// Standard error of the mean reward over items: rewards come item-major, `k` per item; an
 /// item's samples are averaged first (they share a prompt, so they are not independent).
-pub fn stderr_over_items(rewards: &[f64], k: usize) -> f64 {
+fn stderr_over_items(rewards: &[f64], k: usize) -> f64 {
     let means: Vec<f64> = rewards.chunks(k).map(|c| c.iter().sum::<f64>() / c.len() as f64).collect();
     let n = means.len();
     if n < 2 {
