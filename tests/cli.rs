@@ -130,6 +130,8 @@ fn eval_runs_end_to_end_on_the_real_model() {
     // Three samples per item: six joint responses; each item's first sample is the one-sample run's.
     let o = pbrl(&["eval", "--config", &cfg, "eval_samples_per_item=3"], d);
     assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.lines().any(|l| l.trim_start().starts_with("1.2 ")), "rows are labelled item.sample: {table}");
     let three = std::fs::read_dir(d.join("run/eval"))
         .unwrap()
         .map(|e| serde_json::from_slice::<serde_json::Value>(&std::fs::read(e.unwrap().path()).unwrap()).unwrap())

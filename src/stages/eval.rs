@@ -57,7 +57,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir) -> Result<EvalReport> {
         "tokens_per_s": generated as f64 / started.elapsed().as_secs_f64(),
     }))?;
 
-    print_table(&records);
+    print_table(&records, cfg.eval_samples_per_item as usize);
     println!("eval/turn_1/reward_mean     {mean:.4}");
     println!("eval/turn_1/expected_return {mean:.4}");
     println!(
@@ -198,9 +198,15 @@ fn unused_path(dir: &std::path::Path, stem: &str) -> std::path::PathBuf {
     p
 }
 
-fn print_table(records: &[serde_json::Value]) {
-    println!("{:>4}  {:>8}  completion lengths (chars) and openings", "item", "reward");
+/// One row per joint response: the item's index (and the sample's, with several per item).
+fn print_table(records: &[serde_json::Value], samples_per_item: usize) {
+    println!("{:>6}  {:>8}  completion lengths (chars) and openings", "item", "reward");
     for (i, r) in records.iter().enumerate() {
+        let label = if samples_per_item > 1 {
+            format!("{}.{}", i / samples_per_item, i % samples_per_item)
+        } else {
+            i.to_string()
+        };
         let comps = r["completions"].as_array().cloned().unwrap_or_default();
         let cells: Vec<String> = comps
             .iter()
@@ -210,7 +216,7 @@ fn print_table(records: &[serde_json::Value]) {
                 format!("{:>4} {head:<28}", s.chars().count())
             })
             .collect();
-        println!("{i:>4}  {:>8.4}  {}", r["reward"].as_f64().unwrap_or(f64::NAN), cells.join(" | "));
+        println!("{label:>6}  {:>8.4}  {}", r["reward"].as_f64().unwrap_or(f64::NAN), cells.join(" | "));
     }
 }
 
