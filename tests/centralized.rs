@@ -20,7 +20,7 @@ use pbrl::task::TaskItem;
 /// candidates apart).
 fn setup(d: &Path) {
     let m = tiny_model(Architecture::Llama, true, 17, DType::F32).unwrap();
-    m.save_hf_dir(&d.join("tiny")).unwrap();
+    m.save_hf_dir(&d.join("tiny"), None).unwrap();
     let items: String = (0..6).map(|i| format!("{{\"prompt\": \"w{} w{} w7\"}}\n", i + 4, i + 9)).collect();
     std::fs::write(d.join("train.jsonl"), &items).unwrap();
     std::fs::write(d.join("eval.jsonl"), &items).unwrap();

@@ -159,7 +159,7 @@ fn hub_ids_load_from_the_cache_and_fail_clearly_offline() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let snapshot = d.join("hf/hub/models--tiny-org--tiny-llama/snapshots/0123abcd");
-    tiny_model(Architecture::Llama, true, 11, DType::F32).unwrap().save_hf_dir(&snapshot).unwrap();
+    tiny_model(Architecture::Llama, true, 11, DType::F32).unwrap().save_hf_dir(&snapshot, None).unwrap();
     std::fs::create_dir_all(d.join("hf/hub/models--tiny-org--tiny-llama/refs")).unwrap();
     std::fs::write(d.join("hf/hub/models--tiny-org--tiny-llama/refs/main"), "0123abcd").unwrap();
     let items = write(d, "e.jsonl", "{\"prompt\": \"w1 w2 w3\"}\n");

@@ -12,7 +12,7 @@ use pbrl::prefs::RoundFile;
 /// A run setup on a tiny random model: 4 items, 4 candidates, sampled at temperature 1.
 fn setup(d: &Path, extra: &str) -> String {
     let model = d.join("tiny");
-    tiny_model(Architecture::Llama, true, 21, DType::F32).unwrap().save_hf_dir(&model).unwrap();
+    tiny_model(Architecture::Llama, true, 21, DType::F32).unwrap().save_hf_dir(&model, None).unwrap();
     let items: String = (0..4).map(|i| format!("{{\"prompt\": \"w{i} w{} w7\"}}\n", i + 3)).collect();
     std::fs::write(d.join("train.jsonl"), items).unwrap();
     let cfg = format!(

@@ -28,7 +28,7 @@ const MODELS: [(Architecture, bool); 3] =
 /// user's model would arrive).
 fn cpu_and_gpu(arch: Architecture, tie: bool, seed: u64, dir: &Path) -> (LoadedModel, LoadedModel) {
     let path = dir.join(format!("{arch:?}_{tie}_{seed}"));
-    tiny_model(arch, tie, seed, DType::F32).unwrap().save_hf_dir(&path).unwrap();
+    tiny_model(arch, tie, seed, DType::F32).unwrap().save_hf_dir(&path, None).unwrap();
     let p = path.to_str().unwrap();
     (LoadedModel::load(p, &Device::Cpu).unwrap(), LoadedModel::load(p, &gpu()).unwrap())
 }
@@ -140,7 +140,7 @@ fn stages_run_on_the_gpu() {
     common::init();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    tiny_model(Architecture::Llama, true, 21, DType::F32).unwrap().save_hf_dir(&d.join("tiny")).unwrap();
+    tiny_model(Architecture::Llama, true, 21, DType::F32).unwrap().save_hf_dir(&d.join("tiny"), None).unwrap();
     let items: String = (0..4).map(|i| format!("{{\"prompt\": \"w{i} w{} w7\"}}\n", i + 3)).collect();
     std::fs::write(d.join("items.jsonl"), items).unwrap();
     let cfg = format!(

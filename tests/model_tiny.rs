@@ -264,7 +264,7 @@ fn hf_dir_save_then_load_gives_identical_logits() {
         let m = tiny_model(arch, tie, 9, DType::F32).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent_0");
-        m.save_hf_dir(&path).unwrap();
+        m.save_hf_dir(&path, None).unwrap();
         for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
             assert!(path.join(f).is_file(), "{f} missing");
         }
@@ -277,7 +277,7 @@ fn hf_dir_save_then_load_gives_identical_logits() {
         );
         assert_eq!(back.tokenizer.encode("w1 w5 w2").unwrap(), vec![4, 8, 5]);
         // Saving again over an existing directory replaces it.
-        back.save_hf_dir(&path).unwrap();
+        back.save_hf_dir(&path, None).unwrap();
     }
 }
 

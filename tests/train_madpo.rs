@@ -10,7 +10,7 @@ use pbrl::model::{tiny::tiny_model, Architecture};
 
 /// Tiny agents, 4 items, a round of pairs collected from them.
 fn setup(d: &Path, extra: &str) {
-    tiny_model(Architecture::Qwen2, false, 31, DType::F32).unwrap().save_hf_dir(&d.join("tiny")).unwrap();
+    tiny_model(Architecture::Qwen2, false, 31, DType::F32).unwrap().save_hf_dir(&d.join("tiny"), None).unwrap();
     let items: String = (0..4).map(|i| format!("{{\"prompt\": \"w{i} w{} w7\"}}\n", i + 3)).collect();
     std::fs::write(d.join("train.jsonl"), items).unwrap();
     let cfg = format!(

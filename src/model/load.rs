@@ -7,9 +7,11 @@ use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::Content;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
+use serde_json::{json, Value};
 
 use super::config::ModelConfig;
-use super::tokenizer::{chat_tokenizer_from_files, chat_tokenizer_from_gguf, ChatTokenizer};
+use super::sampling::SamplingParams;
+use super::tokenizer::{chat_tokenizer_from_dir, chat_tokenizer_from_gguf, ChatTokenizer};
 use super::transformer::CausalLm;
 
 /// Where a model comes from.
@@ -50,6 +52,19 @@ impl ModelSource {
     }
 }
 
+/// What a Hugging Face source directory had besides weights and tokenizer, kept so an exported
+/// agent carries it unchanged (unknown fields included) rather than rebuilt from the few fields
+/// pbrl reads. Empty for GGUF and test models: their files are written from what was parsed.
+#[derive(Debug, Clone, Default)]
+pub struct SourceFiles {
+    pub config_json: Option<Value>,
+    pub tokenizer_config_json: Option<Value>,
+    pub special_tokens_map_json: Option<Value>,
+    /// The template of `chat_template.jinja`, when it came from that file (transformers 5).
+    pub chat_template_jinja: Option<String>,
+    pub generation_config_json: Option<Value>,
+}
+
 /// A model ready to sample and train: its weights (`VarMap`), the module built on them, and its
 /// tokenizer.
 pub struct LoadedModel {
@@ -57,19 +72,20 @@ pub struct LoadedModel {
     pub varmap: VarMap,
     pub tokenizer: ChatTokenizer,
     pub source: String,
+    pub files: SourceFiles,
 }
 
 impl LoadedModel {
     pub fn load(source: &str, device: &Device) -> Result<Self> {
         let parsed = ModelSource::parse(source)?;
-        let (varmap, config, tokenizer) = match &parsed {
+        let (varmap, config, tokenizer, files) = match &parsed {
             ModelSource::Gguf(p) => load_gguf(p, device)?,
             ModelSource::HfDir(p) => load_hf_dir(p, device)?,
             ModelSource::Hub(id) => load_hf_dir(&fetch_from_hub(id)?, device)?,
         };
         let model = Self::build(&varmap, &config, DType::F32, device)
             .with_context(|| format!("building the model from `{source}`"))?;
-        Ok(Self { model, varmap, tokenizer, source: source.to_string() })
+        Ok(Self { model, varmap, tokenizer, source: source.to_string(), files })
     }
 
     /// The module over a `VarMap`'s weights (f32 for real models; tests also build f64 ones).
@@ -78,15 +94,115 @@ impl LoadedModel {
         CausalLm::load(vb, config)
     }
 
-    /// Save as a Hugging Face directory (config.json, model.safetensors, tokenizer files),
-    /// written into a temporary sibling directory and renamed into place.
-    pub fn save_hf_dir(&self, dir: &Path) -> Result<()> {
-        save_hf_dir(&self.varmap, &self.model.config, &self.tokenizer, dir)
+    /// Save as a Hugging Face directory that transformers and pbrl load: `model.safetensors`
+    /// (f32), `config.json` and the tokenizer files as the source had them, and a
+    /// `generation_config.json` with the sampling settings of the run (`sampling`, when given).
+    /// Written into a temporary sibling directory and renamed into place; files 0644.
+    pub fn save_hf_dir(&self, dir: &Path, sampling: Option<&SamplingParams>) -> Result<()> {
+        let parent = dir.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        let name = dir.file_name().context("model directory needs a name")?.to_string_lossy().to_string();
+        let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+        let result = self.write_hf_files(&tmp, sampling);
+        if let Err(e) = result {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e.context(format!("saving the model to {}", dir.display())));
+        }
+        // Replace the previous directory only once the new one is complete.
+        let io = |e: std::io::Error| anyhow::anyhow!("saving the model to {}: {e}", dir.display());
+        if dir.exists() {
+            let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+            std::fs::rename(dir, &old).map_err(io)?;
+            std::fs::rename(&tmp, dir).map_err(io)?;
+            std::fs::remove_dir_all(&old).map_err(io)?;
+        } else {
+            std::fs::rename(&tmp, dir).map_err(io)?;
+        }
+        Ok(())
+    }
+
+    fn write_hf_files(&self, tmp: &Path, sampling: Option<&SamplingParams>) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        if tmp.exists() {
+            std::fs::remove_dir_all(tmp)?;
+        }
+        std::fs::create_dir_all(tmp)?;
+        let config = &self.model.config;
+        let mut tensors: Vec<(String, Tensor)> = {
+            let data = self.varmap.data().lock().expect("VarMap lock");
+            data.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect()
+        };
+        if config.tie_word_embeddings {
+            tensors.retain(|(k, _)| k != "lm_head.weight");
+        }
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        let map: HashMap<String, Tensor> = tensors.into_iter().collect();
+        candle_core::safetensors::save(&map, tmp.join("model.safetensors"))?;
+        let write_json = |name: &str, v: &Value| -> Result<()> {
+            let mut bytes = serde_json::to_vec_pretty(v)?;
+            bytes.push(b'\n');
+            std::fs::write(tmp.join(name), bytes).with_context(|| format!("writing {name}"))
+        };
+        let files = &self.files;
+        let config_json = match &files.config_json {
+            Some(src) => {
+                // The weights are written in f32, whatever dtype the source had.
+                let mut v = src.clone();
+                for k in ["torch_dtype", "dtype"] {
+                    if v.get(k).is_some() {
+                        v[k] = json!("float32");
+                    }
+                }
+                v
+            }
+            None => config.to_hf_json(),
+        };
+        write_json("config.json", &config_json)?;
+        match &files.tokenizer_config_json {
+            Some(v) => write_json("tokenizer_config.json", v)?,
+            None => write_json("tokenizer_config.json", &self.tokenizer.tokenizer_config_json())?,
+        }
+        if let Some(v) = &files.special_tokens_map_json {
+            write_json("special_tokens_map.json", v)?;
+        }
+        if let Some(t) = &files.chat_template_jinja {
+            std::fs::write(tmp.join("chat_template.jinja"), t).context("writing chat_template.jinja")?;
+        }
+        let mut gen = files.generation_config_json.clone().unwrap_or_else(|| {
+            let mut g = json!({});
+            if let Some(b) = config.bos_token_id {
+                g["bos_token_id"] = b.into();
+            }
+            match config.eos_token_ids.as_slice() {
+                [] => {}
+                [e] => g["eos_token_id"] = json!(e),
+                many => g["eos_token_id"] = json!(many),
+            }
+            g["pad_token_id"] = self.tokenizer.pad_id.into();
+            g
+        });
+        if let Some(p) = sampling {
+            gen["do_sample"] = json!(p.temperature > 0.0);
+            gen["temperature"] = json!(p.temperature);
+            gen["top_p"] = json!(p.top_p);
+            // transformers reads top_k = 0 as "no top-k filtering".
+            gen["top_k"] = json!(p.top_k.unwrap_or(0));
+            gen["max_new_tokens"] = json!(p.max_new_tokens);
+        }
+        write_json("generation_config.json", &gen)?;
+        self.tokenizer
+            .tokenizer
+            .save(tmp.join("tokenizer.json"), false)
+            .map_err(|e| anyhow::anyhow!("saving tokenizer.json: {e}"))?;
+        for entry in std::fs::read_dir(tmp)? {
+            std::fs::set_permissions(entry?.path(), std::fs::Permissions::from_mode(0o644))?;
+        }
+        Ok(())
     }
 }
 
 /// What a source yields before the module is built.
-type Loaded = (VarMap, ModelConfig, ChatTokenizer);
+type Loaded = (VarMap, ModelConfig, ChatTokenizer, SourceFiles);
 
 fn varmap_from(tensors: HashMap<String, Tensor>) -> Result<VarMap> {
     let varmap = VarMap::new();
@@ -126,6 +242,8 @@ pub fn gguf_to_hf_name(name: &str) -> Option<String> {
         "attn_q.bias" => "self_attn.q_proj.bias",
         "attn_k.bias" => "self_attn.k_proj.bias",
         "attn_v.bias" => "self_attn.v_proj.bias",
+        "attn_q_norm.weight" => "self_attn.q_norm.weight",
+        "attn_k_norm.weight" => "self_attn.k_norm.weight",
         "attn_output.weight" => "self_attn.o_proj.weight",
         "attn_norm.weight" => "input_layernorm.weight",
         "ffn_norm.weight" => "post_attention_layernorm.weight",
@@ -143,7 +261,7 @@ fn load_gguf(path: &Path, device: &Device) -> Result<Loaded> {
     let mut f = std::fs::File::open(path).with_context(ctx)?;
     let ct = Content::read(&mut f).with_context(ctx)?;
     let config = ModelConfig::from_gguf(&ct).with_context(ctx)?;
-    let tokenizer = chat_tokenizer_from_gguf(&ct, config.eos_token_id).with_context(ctx)?;
+    let tokenizer = chat_tokenizer_from_gguf(&ct, &config.eos_token_ids).with_context(ctx)?;
     // q/k rows are permuted only for the llama rope layout (qwen2 GGUFs keep the HF order).
     let unpermute =
         ct.metadata.get("general.architecture").and_then(|v| v.to_string().ok()).is_some_and(|a| a == "llama");
@@ -159,17 +277,32 @@ fn load_gguf(path: &Path, device: &Device) -> Result<Loaded> {
         }
         tensors.insert(hf, t);
     }
-    Ok((varmap_from(tensors)?, config, tokenizer))
+    Ok((varmap_from(tensors)?, config, tokenizer, SourceFiles::default()))
 }
 
-/// config.json + one or more safetensors files + tokenizer.json.
+fn read_json(path: &Path) -> Result<Value> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_slice(&bytes).with_context(|| format!("{}: invalid JSON", path.display()))
+}
+
+/// A JSON file of the directory, when it has one.
+fn optional_json(dir: &Path, name: &str) -> Result<Option<Value>> {
+    let p = dir.join(name);
+    if p.is_file() {
+        Ok(Some(read_json(&p)?))
+    } else {
+        Ok(None)
+    }
+}
+
+/// config.json + one or more safetensors files + tokenizer files (+ generation_config.json).
 fn load_hf_dir(dir: &Path, device: &Device) -> Result<Loaded> {
     let cfg_path = dir.join("config.json");
-    let cfg_json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?)
-            .with_context(|| format!("{}: invalid JSON", cfg_path.display()))?;
+    let cfg_json = read_json(&cfg_path)?;
     let config = ModelConfig::from_hf_json(&cfg_json).with_context(|| cfg_path.display().to_string())?;
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+    let generation = optional_json(dir, "generation_config.json")?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
@@ -182,13 +315,23 @@ fn load_hf_dir(dir: &Path, device: &Device) -> Result<Loaded> {
         let part = candle_core::safetensors::load(f, device).with_context(|| format!("reading {}", f.display()))?;
         tensors.extend(part);
     }
-    let tok_path = dir.join("tokenizer.json");
-    if !tok_path.is_file() {
-        bail!("{}: no tokenizer.json", dir.display());
+    // Generation stops at every end-of-sequence id config.json or generation_config.json names.
+    let mut eos_ids = config.eos_token_ids.clone();
+    match generation.as_ref().map(|g| &g["eos_token_id"]) {
+        Some(Value::Number(n)) => eos_ids.extend(n.as_u64().map(|n| n as u32)),
+        Some(Value::Array(a)) => eos_ids.extend(a.iter().filter_map(|n| n.as_u64()).map(|n| n as u32)),
+        _ => {}
     }
-    let tokenizer =
-        chat_tokenizer_from_files(&tok_path, Some(&dir.join("tokenizer_config.json")), config.eos_token_id)?;
-    Ok((varmap_from(tensors)?, config, tokenizer))
+    let tokenizer = chat_tokenizer_from_dir(dir, &eos_ids)?;
+    let jinja = dir.join("chat_template.jinja");
+    let source_files = SourceFiles {
+        config_json: Some(cfg_json),
+        tokenizer_config_json: optional_json(dir, "tokenizer_config.json")?,
+        special_tokens_map_json: optional_json(dir, "special_tokens_map.json")?,
+        chat_template_jinja: if jinja.is_file() { Some(std::fs::read_to_string(&jinja)?) } else { None },
+        generation_config_json: generation,
+    };
+    Ok((varmap_from(tensors)?, config, tokenizer, source_files))
 }
 
 /// Fetch config, tokenizer and weights of a hub model into the standard Hugging Face cache.
@@ -204,7 +347,12 @@ fn fetch_from_hub(id: &str) -> Result<PathBuf> {
     let repo = api.model(id.to_string());
     let config = repo.get("config.json").with_context(offline_help)?;
     repo.get("tokenizer.json").with_context(offline_help)?;
-    let _ = repo.get("tokenizer_config.json");
+    // Optional files: a repo without them is still a complete model.
+    for optional in
+        ["tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "generation_config.json"]
+    {
+        let _ = repo.get(optional);
+    }
     match repo.get("model.safetensors.index.json") {
         Ok(index) => {
             let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&index)?)?;
@@ -225,52 +373,4 @@ fn fetch_from_hub(id: &str) -> Result<PathBuf> {
         }
     }
     Ok(config.parent().context("hub cache path")?.to_path_buf())
-}
-
-/// Write a loadable Hugging Face directory atomically (temporary directory, then rename).
-pub fn save_hf_dir(varmap: &VarMap, config: &ModelConfig, tokenizer: &ChatTokenizer, dir: &Path) -> Result<()> {
-    let parent = dir.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent)?;
-    let name = dir.file_name().context("model directory needs a name")?.to_string_lossy().to_string();
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
-    }
-    std::fs::create_dir_all(&tmp)?;
-    let mut tensors: Vec<(String, Tensor)> = {
-        let data = varmap.data().lock().expect("VarMap lock");
-        data.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect()
-    };
-    if config.tie_word_embeddings {
-        tensors.retain(|(k, _)| k != "lm_head.weight");
-    }
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    let map: HashMap<String, Tensor> = tensors.into_iter().collect();
-    candle_core::safetensors::save(&map, tmp.join("model.safetensors"))?;
-    let json = |v: &serde_json::Value| -> Result<Vec<u8>> { Ok(serde_json::to_vec_pretty(v)?) };
-    std::fs::write(tmp.join("config.json"), json(&config.to_hf_json())?)?;
-    std::fs::write(tmp.join("tokenizer_config.json"), json(&tokenizer.tokenizer_config_json())?)?;
-    let mut gen = serde_json::json!({"do_sample": true});
-    if let Some(b) = config.bos_token_id {
-        gen["bos_token_id"] = b.into();
-    }
-    if let Some(e) = config.eos_token_id {
-        gen["eos_token_id"] = e.into();
-    }
-    gen["pad_token_id"] = tokenizer.pad_id.into();
-    std::fs::write(tmp.join("generation_config.json"), json(&gen)?)?;
-    tokenizer
-        .tokenizer
-        .save(tmp.join("tokenizer.json"), false)
-        .map_err(|e| anyhow::anyhow!("saving tokenizer.json: {e}"))?;
-    // Replace the previous directory only once the new one is complete.
-    if dir.exists() {
-        let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-        std::fs::rename(dir, &old)?;
-        std::fs::rename(&tmp, dir)?;
-        std::fs::remove_dir_all(&old)?;
-    } else {
-        std::fs::rename(&tmp, dir)?;
-    }
-    Ok(())
 }

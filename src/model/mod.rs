@@ -1,18 +1,22 @@
 //! The model runtime: a trainable transformer on candle, its loading and saving, tokenizer and
 //! chat template, batched sampling and log-prob scoring. It knows nothing of preferences.
 pub mod batch;
+pub mod chat_template;
 pub mod config;
 pub mod load;
 pub mod ops;
+pub mod rope;
 pub mod sampling;
 pub mod scoring;
 pub mod tiny;
 pub mod tokenizer;
 pub mod transformer;
 
+pub use chat_template::ChatTemplate;
 pub use config::{Architecture, ModelConfig};
 pub use load::{LoadedModel, ModelSource};
+pub use rope::{Rope, RopeScaling};
 pub use sampling::{SampleRequest, SamplingParams};
 pub use scoring::{LastToken, ScoreRow};
-pub use tokenizer::{ChatTemplate, ChatTokenizer};
+pub use tokenizer::{ChatTokenizer, SpecialTokens};
 pub use transformer::{CausalLm, KvCache, Mode};

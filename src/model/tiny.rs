@@ -11,7 +11,8 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use super::config::{Architecture, ModelConfig};
-use super::tokenizer::ChatTokenizer;
+use super::rope::{Rope, RopeScaling};
+use super::tokenizer::{ChatTokenizer, SpecialTokens};
 use super::LoadedModel;
 
 /// 2 layers, GQA (4 query heads over 2 kv heads), a vocabulary of `vocab` words.
@@ -26,11 +27,12 @@ pub fn tiny_config(architecture: Architecture, vocab: usize, tie: bool) -> Model
         head_dim: 8,
         vocab_size: vocab,
         rms_norm_eps: 1e-5,
-        rope_theta: 10_000.0,
+        rope: Rope { theta: 10_000.0, scaling: RopeScaling::Default },
         max_position_embeddings: 256,
+        sliding_window: None,
         tie_word_embeddings: tie,
         bos_token_id: None,
-        eos_token_id: Some(1),
+        eos_token_ids: vec![1],
     }
 }
 
@@ -51,6 +53,10 @@ pub fn weight_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         w.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
         w.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
         w.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
+        if cfg.qk_norm() {
+            w.push((format!("{p}.self_attn.q_norm.weight"), vec![cfg.head_dim]));
+            w.push((format!("{p}.self_attn.k_norm.weight"), vec![cfg.head_dim]));
+        }
         if cfg.qkv_bias() {
             w.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
             w.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
@@ -110,9 +116,9 @@ pub fn word_tokenizer(vocab: usize) -> Result<ChatTokenizer> {
         "model": {"type": "WordLevel", "vocab": words, "unk_token": "<unk>"}
     });
     let tok = tokenizers::Tokenizer::from_bytes(serde_json::to_vec(&j)?).map_err(|e| anyhow!("{e}"))?;
-    let mut t = ChatTokenizer::new(tok, None, Some(1))?;
+    let special = SpecialTokens { eos: Some("<eos>".into()), pad: Some("<pad>".into()), ..Default::default() };
+    let mut t = ChatTokenizer::new(tok, None, special, &[1])?;
     t.pad_id = 0;
-    t.eos_token = Some("<eos>".into());
     Ok(t)
 }
 
@@ -122,5 +128,6 @@ pub fn tiny_model(architecture: Architecture, tie: bool, seed: u64, dtype: DType
     let cfg = tiny_config(architecture, 40, tie);
     let varmap = random_varmap(&cfg, seed, dtype, &dev)?;
     let model = LoadedModel::build(&varmap, &cfg, dtype, &dev)?;
-    Ok(LoadedModel { model, varmap, tokenizer: word_tokenizer(cfg.vocab_size)?, source: format!("tiny:{seed}") })
+    let tokenizer = word_tokenizer(cfg.vocab_size)?;
+    Ok(LoadedModel { model, varmap, tokenizer, source: format!("tiny:{seed}"), files: Default::default() })
 }

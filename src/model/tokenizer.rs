@@ -1,56 +1,39 @@
 //! Tokenizer, chat template and stop tokens of a model.
 //!
 //! The tokenizer comes from `tokenizer.json`, or is built from GGUF metadata as the equivalent
-//! Hugging Face byte-level BPE (so token ids equal transformers' and llama.cpp's). Chat templates
-//! are rendered natively for the ChatML family (SmolLM2, Qwen2): pbrl does not embed a Jinja engine,
-//! it recognises the template and reads its default system prompt.
+//! Hugging Face byte-level BPE (so token ids equal transformers' and llama.cpp's). The chat
+//! template is the model's own Jinja template (`chat_template.rs`), from `chat_template.jinja`,
+//! `tokenizer_config.json` or the GGUF metadata.
+use std::collections::BTreeMap;
+use std::path::Path;
+
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::quantized::gguf_file::{Content, Value as GgufValue};
 use serde_json::{json, Value};
 use tokenizers::Tokenizer;
 
-/// A ChatML chat template: `<|im_start|>role\ntext<|im_end|>\n` turns.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ChatTemplate {
-    /// The system prompt the template inserts when the conversation has none.
-    pub default_system: Option<String>,
-    /// The template source, kept so a saved model carries it unchanged.
-    pub source: String,
+use super::chat_template::{ChatTemplate, Message};
+
+/// The special tokens transformers hands a chat template (its `special_tokens_map`), by name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpecialTokens {
+    pub bos: Option<String>,
+    pub eos: Option<String>,
+    pub pad: Option<String>,
+    pub unk: Option<String>,
 }
 
-impl ChatTemplate {
-    /// Recognise a ChatML template; `None` for any other template.
-    pub fn parse(source: &str) -> Option<Self> {
-        if !source.contains("<|im_start|>") || !source.contains("<|im_end|>") {
-            return None;
-        }
-        // The default system turn appears as a string literal: '<|im_start|>system\n...<|im_end|>'.
-        let mut default_system = None;
-        'outer: for start in ["<|im_start|>system\\n", "<|im_start|>system\n"] {
-            for (at, _) in source.match_indices(start) {
-                let rest = &source[at + start.len()..];
-                let Some(end) = rest.find("<|im_end|>") else {
-                    continue;
-                };
-                let text = &rest[..end];
-                // A Jinja expression here means the system text comes from the messages.
-                if !text.contains("{{") && !text.contains('\'') && !text.contains('+') {
-                    default_system = Some(text.replace("\\n", "\n"));
-                    break 'outer;
-                }
+impl SpecialTokens {
+    fn template_vars(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        for (k, v) in
+            [("bos_token", &self.bos), ("eos_token", &self.eos), ("pad_token", &self.pad), ("unk_token", &self.unk)]
+        {
+            if let Some(v) = v {
+                m.insert(k.to_string(), v.clone());
             }
         }
-        Some(Self { default_system, source: source.to_string() })
-    }
-
-    /// The prompt for one user turn, ending with the assistant header (add_generation_prompt).
-    pub fn render(&self, system: Option<&str>, user: &str) -> String {
-        let mut s = String::new();
-        if let Some(sys) = system.or(self.default_system.as_deref()) {
-            s.push_str(&format!("<|im_start|>system\n{sys}<|im_end|>\n"));
-        }
-        s.push_str(&format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"));
-        s
+        m
     }
 }
 
@@ -59,22 +42,41 @@ impl ChatTemplate {
 pub struct ChatTokenizer {
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
-    /// Generation ends at any of these (e.g. `<|im_end|>`, `<|endoftext|>`).
+    /// Extra variables for the chat template (the task's `chat_template_kwargs`, e.g.
+    /// `enable_thinking = false`), as keyword arguments of `apply_chat_template`.
+    pub template_kwargs: serde_json::Map<String, Value>,
+    /// Generation ends at any of these (e.g. `<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`).
     pub stop_ids: Vec<u32>,
     /// Fills padded positions; masked out everywhere, so its value never matters.
     pub pad_id: u32,
-    pub bos_token: Option<String>,
-    pub eos_token: Option<String>,
+    pub special: SpecialTokens,
 }
 
 impl ChatTokenizer {
-    pub fn new(tokenizer: Tokenizer, chat_template: Option<String>, eos_id: Option<u32>) -> Result<Self> {
-        let chat_template = chat_template.as_deref().and_then(ChatTemplate::parse);
+    /// `eos_ids`: every end-of-sequence id the model's files name (config.json and
+    /// generation_config.json may list several, as Llama 3 does).
+    pub fn new(
+        tokenizer: Tokenizer,
+        chat_template: Option<String>,
+        special: SpecialTokens,
+        eos_ids: &[u32],
+    ) -> Result<Self> {
+        let chat_template = match chat_template {
+            Some(src) => Some(ChatTemplate::compile(&src, special.template_vars())?),
+            None => None,
+        };
         let id = |s: &str| tokenizer.token_to_id(s);
-        let mut stop_ids: Vec<u32> = eos_id.into_iter().collect();
+        let mut stop_ids: Vec<u32> = Vec::new();
+        let named = special.eos.as_deref().and_then(id);
+        for i in eos_ids.iter().copied().chain(named) {
+            if !stop_ids.contains(&i) {
+                stop_ids.push(i);
+            }
+        }
         for name in ["<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>"] {
             if let Some(i) = id(name) {
-                let relevant = name != "<|im_end|>" || chat_template.is_some();
+                // `<|im_end|>` ends a turn only where the template writes ChatML turns.
+                let relevant = name != "<|im_end|>" || chat_template.as_ref().is_some_and(|t| t.source.contains(name));
                 if relevant && !stop_ids.contains(&i) {
                     stop_ids.push(i);
                 }
@@ -84,8 +86,11 @@ impl ChatTokenizer {
             bail!("the tokenizer has no end-of-sequence token; pbrl cannot tell when an answer ends");
         }
         let pad_id = id("<|endoftext|>").or_else(|| id("<pad>")).unwrap_or(stop_ids[0]);
-        let eos_token = eos_id.and_then(|i| tokenizer.id_to_token(i));
-        Ok(Self { tokenizer, chat_template, stop_ids, pad_id, bos_token: None, eos_token })
+        let mut special = special;
+        if special.eos.is_none() {
+            special.eos = tokenizer.id_to_token(stop_ids[0]);
+        }
+        Ok(Self { tokenizer, chat_template, template_kwargs: Default::default(), stop_ids, pad_id, special })
     }
 
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
@@ -98,7 +103,8 @@ impl ChatTokenizer {
         self.tokenizer.decode(ids, true).map_err(|e| anyhow!("tokenizer: {e}"))
     }
 
-    /// The exact text an agent is given: the chat-templated turn, or the raw prompt.
+    /// The exact text an agent is given: the chat-templated turn (`apply_chat_template` with
+    /// `add_generation_prompt=True`), or the raw prompt.
     pub fn format_prompt(&self, use_chat_template: bool, system: Option<&str>, user: &str) -> Result<String> {
         if !use_chat_template {
             return Ok(match system {
@@ -106,27 +112,31 @@ impl ChatTokenizer {
                 None => user.to_string(),
             });
         }
-        match &self.chat_template {
-            Some(t) => Ok(t.render(system, user)),
-            None => bail!(
-                "the model has no ChatML chat template; set `task.chat_template = false` to give \
-                 it raw prompts"
-            ),
+        let Some(t) = &self.chat_template else {
+            bail!("the model has no chat template; set `task.chat_template = false` to give it raw prompts")
+        };
+        let mut messages = Vec::with_capacity(2);
+        if let Some(s) = system {
+            messages.push(Message { role: "system", content: s });
         }
+        messages.push(Message { role: "user", content: user });
+        t.render(&messages, true, &self.template_kwargs)
     }
 
-    /// `tokenizer_config.json` for a saved model, so transformers finds the chat template.
+    /// `tokenizer_config.json` for a model that had none (a GGUF source or a test model), so
+    /// transformers finds the chat template and the special tokens.
     pub fn tokenizer_config_json(&self) -> Value {
         let mut v = json!({
             "tokenizer_class": "PreTrainedTokenizerFast",
             "clean_up_tokenization_spaces": false,
             "pad_token": self.tokenizer.id_to_token(self.pad_id),
         });
-        if let Some(e) = &self.eos_token {
-            v["eos_token"] = json!(e);
-        }
-        if let Some(b) = &self.bos_token {
-            v["bos_token"] = json!(b);
+        for (k, t) in
+            [("eos_token", &self.special.eos), ("bos_token", &self.special.bos), ("unk_token", &self.special.unk)]
+        {
+            if let Some(t) = t {
+                v[k] = json!(t);
+            }
         }
         if let Some(t) = &self.chat_template {
             v["chat_template"] = json!(t.source);
@@ -208,40 +218,71 @@ pub fn tokenizer_json_from_gguf(ct: &Content) -> Result<Value> {
 }
 
 /// The tokenizer, chat template and special token names stored in a GGUF file.
-pub fn chat_tokenizer_from_gguf(ct: &Content, eos_id: Option<u32>) -> Result<ChatTokenizer> {
+pub fn chat_tokenizer_from_gguf(ct: &Content, eos_ids: &[u32]) -> Result<ChatTokenizer> {
     let json = tokenizer_json_from_gguf(ct)?;
     let tokenizer = Tokenizer::from_bytes(serde_json::to_vec(&json)?)
         .map_err(|e| anyhow!("building the tokenizer from GGUF metadata: {e}"))?;
     let template = ct.metadata.get("tokenizer.chat_template").and_then(|v| v.to_string().ok()).cloned();
-    let mut t = ChatTokenizer::new(tokenizer, template, eos_id)?;
-    let bos = ct.metadata.get("tokenizer.ggml.bos_token_id").and_then(|v| v.to_u32().ok());
-    t.bos_token = bos.and_then(|i| t.tokenizer.id_to_token(i));
-    Ok(t)
+    let name = |k: &str| ct.metadata.get(k).and_then(|v| v.to_u32().ok()).and_then(|i| tokenizer.id_to_token(i));
+    let special = SpecialTokens {
+        bos: name("tokenizer.ggml.bos_token_id"),
+        eos: name("tokenizer.ggml.eos_token_id"),
+        pad: name("tokenizer.ggml.padding_token_id"),
+        unk: name("tokenizer.ggml.unknown_token_id"),
+    };
+    ChatTokenizer::new(tokenizer, template, special, eos_ids)
 }
 
-/// Load `tokenizer.json` (+ `tokenizer_config.json` for the chat template) from a directory.
-pub fn chat_tokenizer_from_files(
-    tokenizer_json: &std::path::Path,
-    tokenizer_config: Option<&std::path::Path>,
-    eos_id: Option<u32>,
-) -> Result<ChatTokenizer> {
-    let tokenizer = Tokenizer::from_file(tokenizer_json).map_err(|e| anyhow!("{}: {e}", tokenizer_json.display()))?;
-    let mut template = None;
-    let mut eos_name = None;
-    let mut bos_name = None;
-    if let Some(p) = tokenizer_config.filter(|p| p.exists()) {
-        let v: Value =
-            serde_json::from_slice(&std::fs::read(p)?).with_context(|| format!("{}: invalid JSON", p.display()))?;
-        template = v["chat_template"].as_str().map(str::to_string);
-        let name = |x: &Value| x.as_str().map(str::to_string).or_else(|| x["content"].as_str().map(str::to_string));
-        eos_name = name(&v["eos_token"]);
-        bos_name = name(&v["bos_token"]);
+/// A token named in `tokenizer_config.json`: a string, or an `AddedToken` object.
+fn token_name(v: &Value) -> Option<String> {
+    v.as_str().map(str::to_string).or_else(|| v["content"].as_str().map(str::to_string))
+}
+
+fn read_json(p: &Path) -> Result<Value> {
+    let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+    serde_json::from_slice(&bytes).with_context(|| format!("{}: invalid JSON", p.display()))
+}
+
+/// Load a Hugging Face directory's tokenizer: `tokenizer.json`, the special tokens of
+/// `tokenizer_config.json` (else `special_tokens_map.json`), and the chat template from
+/// `chat_template.jinja` (transformers 5) or else `tokenizer_config.json`'s `chat_template`.
+pub fn chat_tokenizer_from_dir(dir: &Path, eos_ids: &[u32]) -> Result<ChatTokenizer> {
+    let tok_path = dir.join("tokenizer.json");
+    if !tok_path.is_file() {
+        bail!("{}: no tokenizer.json", dir.display());
     }
-    let eos_id = eos_id.or_else(|| eos_name.as_deref().and_then(|n| tokenizer.token_to_id(n)));
-    let mut t = ChatTokenizer::new(tokenizer, template, eos_id)?;
-    t.bos_token = bos_name;
-    if t.eos_token.is_none() {
-        t.eos_token = eos_name;
-    }
-    Ok(t)
+    let tokenizer = Tokenizer::from_file(&tok_path).map_err(|e| anyhow!("{}: {e}", tok_path.display()))?;
+    let cfg_path = dir.join("tokenizer_config.json");
+    let cfg = if cfg_path.is_file() { read_json(&cfg_path)? } else { Value::Null };
+    let map_path = dir.join("special_tokens_map.json");
+    let map = if map_path.is_file() { read_json(&map_path)? } else { Value::Null };
+    let pick = |k: &str| token_name(&cfg[k]).or_else(|| token_name(&map[k]));
+    let special = SpecialTokens {
+        bos: pick("bos_token"),
+        eos: pick("eos_token"),
+        pad: pick("pad_token"),
+        unk: pick("unk_token"),
+    };
+    let jinja = dir.join("chat_template.jinja");
+    let template = if jinja.is_file() {
+        Some(std::fs::read_to_string(&jinja).with_context(|| format!("reading {}", jinja.display()))?)
+    } else {
+        match &cfg["chat_template"] {
+            Value::Null => None,
+            Value::String(s) => Some(s.clone()),
+            // A list of named templates: the one called "default" is what apply_chat_template uses.
+            Value::Array(list) => Some(
+                list.iter()
+                    .find(|t| t["name"] == "default")
+                    .and_then(|t| t["template"].as_str())
+                    .map(str::to_string)
+                    .with_context(|| {
+                    format!("{}: `chat_template` lists no template named \"default\"", cfg_path.display())
+                })?,
+            ),
+            _ => bail!("{}: `chat_template` is neither a string nor a list of named templates", cfg_path.display()),
+        }
+    };
+    let where_ = if jinja.is_file() { jinja } else { cfg_path };
+    ChatTokenizer::new(tokenizer, template, special, eos_ids).with_context(|| where_.display().to_string())
 }

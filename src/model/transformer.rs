@@ -1,4 +1,4 @@
-//! A trainable decoder-only transformer (Llama family and Qwen2), in the style of
+//! A trainable decoder-only transformer (Llama family, Qwen2, Qwen3), in the style of
 //! `candle-transformers`: plain structs with `forward`, weights loaded by name through a
 //! `VarBuilder` backed by a `VarMap`, so every weight is a `Var` that receives gradients.
 //!
@@ -118,16 +118,20 @@ pub struct RopeSlice {
 }
 
 impl RotaryEmbedding {
+    /// Tables for every position of the context, from the RoPE type's inverse frequencies; cos
+    /// and sin are scaled by its attention factor (YaRN), as transformers does.
     fn new(cfg: &ModelConfig, dtype: DType, dev: &Device) -> Result<Self> {
-        let hd = cfg.head_dim;
-        let inv: Vec<f32> =
-            (0..hd).step_by(2).map(|i| (1.0 / cfg.rope_theta.powf(i as f64 / hd as f64)) as f32).collect();
+        let (inv, attention_factor) = cfg.rope.inv_freq(cfg.head_dim);
+        let inv: Vec<f32> = inv.into_iter().map(|f| f as f32).collect();
         let n = inv.len();
         let inv = Tensor::from_vec(inv, (1, n), dev)?;
         let t =
             Tensor::arange(0u32, cfg.max_position_embeddings as u32, dev)?.to_dtype(DType::F32)?.reshape(((), 1))?;
         let freqs = t.broadcast_mul(&inv)?;
-        Ok(Self { cos: freqs.cos()?.to_dtype(dtype)?, sin: freqs.sin()?.to_dtype(dtype)? })
+        let (cos, sin) = (freqs.cos()?, freqs.sin()?);
+        let (cos, sin) =
+            if attention_factor == 1.0 { (cos, sin) } else { ((cos * attention_factor)?, (sin * attention_factor)?) };
+        Ok(Self { cos: cos.to_dtype(dtype)?, sin: sin.to_dtype(dtype)? })
     }
 
     fn slice(&self, positions: &Tensor) -> Result<RopeSlice> {
@@ -244,6 +248,8 @@ struct Attention {
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
+    /// Qwen3: RMSNorm over each head of q and k, before RoPE.
+    qk_norm: Option<(RmsNorm, RmsNorm)>,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -260,6 +266,12 @@ impl Attention {
             k_proj: Linear::load(vb, h, kv_dim, "k_proj", bias)?,
             v_proj: Linear::load(vb, h, kv_dim, "v_proj", bias)?,
             o_proj: Linear::load(vb, q_dim, h, "o_proj", false)?,
+            qk_norm: if cfg.qk_norm() {
+                let (d, eps) = (cfg.head_dim, cfg.rms_norm_eps);
+                Some((RmsNorm::load(vb, d, "q_norm", eps)?, RmsNorm::load(vb, d, "k_norm", eps)?))
+            } else {
+                None
+            },
             num_heads: cfg.num_attention_heads,
             num_kv_heads: cfg.num_key_value_heads,
             head_dim: cfg.head_dim,
@@ -278,8 +290,14 @@ impl Attention {
         mode: Mode,
     ) -> Result<Tensor> {
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = rope.heads(&self.q_proj.forward(x)?, b, s, nh, hd, true, mode)?;
-        let mut k = rope.heads(&self.k_proj.forward(x)?, b, s, nkv, hd, true, mode)?;
+        let (mut q, mut k) = (self.q_proj.forward(x)?, self.k_proj.forward(x)?);
+        if let Some((qn, kn)) = &self.qk_norm {
+            // Rows of one head each: (b·s·n, d), normalised, back to (b·s, n·d).
+            q = qn.forward(&q.reshape(((), hd))?, mode)?.reshape((b * s, nh * hd))?;
+            k = kn.forward(&k.reshape(((), hd))?, mode)?.reshape((b * s, nkv * hd))?;
+        }
+        let q = rope.heads(&q, b, s, nh, hd, true, mode)?;
+        let mut k = rope.heads(&k, b, s, nkv, hd, true, mode)?;
         let mut v = rope.heads(&self.v_proj.forward(x)?, b, s, nkv, hd, false, mode)?;
         if let Some((slot, capacity)) = cache {
             (k, v) = LayerKv::append(slot, k, v, capacity)?;

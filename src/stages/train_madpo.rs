@@ -32,7 +32,7 @@ use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
 use crate::run_dir::RunDir;
-use crate::stages::eval::{eval_items, evaluate};
+use crate::stages::eval::{eval_items, evaluate, sampling_params};
 use crate::task::reward::build_reward;
 
 pub struct TrainOptions {
@@ -282,7 +282,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
     }
     bar.finish_and_clear();
     for (i, agent) in team.iter().enumerate() {
-        agent.model.save_hf_dir(&run_dir.agent(i))?;
+        agent.model.save_hf_dir(&run_dir.agent(i), Some(&sampling_params(cfg)))?;
     }
     println!(
         "trained {n} agents on {} pairs from rounds {rounds:?}: {} updates in {:.1} s; agents saved in {}",
