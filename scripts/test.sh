@@ -5,6 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh
+# With a baseline venv (torch + transformers 5 + gguf; PBRL_REF_VENV, default .venv-bench, the one
+# scripts/bench.sh makes), also check against transformers at test time: SmolLM2 as a transformers
+# directory (models/smollm2-hf) and pbrl's exports loaded back in transformers. Without one those
+# tests skip, saying so.
+REF_VENV=${PBRL_REF_VENV:-.venv-bench}
+if [ -x "$REF_VENV/bin/python" ] && "$REF_VENV/bin/python" -c "import torch, transformers, gguf" 2>/dev/null; then
+  export PBRL_REF_PYTHON="$PWD/$REF_VENV/bin/python"
+  [ "${REF_VENV#/}" != "$REF_VENV" ] && export PBRL_REF_PYTHON="$REF_VENV/bin/python"
+  [ -f models/smollm2-hf/config.json ] || "$PBRL_REF_PYTHON" scripts/smollm2_hf_dir.py models/smollm2-hf
+fi
 export PBRL_THREADS=1 RAYON_NUM_THREADS=1 CANDLE_NUM_THREADS=1
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -1,6 +1,6 @@
 //! The team: one model per actor (per agent, or the one centralized actor), on its device, with
 //! the recipe for its prompts.
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
 use crate::collab::{joint_prompt, Collaboration};
@@ -54,6 +54,28 @@ impl Agent {
     }
 }
 
+/// Refuse, before any work, an item whose prompt plus `max_new_tokens` does not fit an actor's
+/// context (transformers would index past its position table; pbrl would fail mid-run).
+pub fn check_context(team: &[Agent], items: &[TaskItem], max_new_tokens: usize, split: &str) -> Result<()> {
+    for agent in team {
+        let context = agent.model.model.config.context_length();
+        for (j, item) in items.iter().enumerate() {
+            let n = agent.model.tokenizer.encode(&agent.prompt_for(item)?)?.len();
+            if n + max_new_tokens > context {
+                bail!(
+                    "{split} item {j}: actor {}'s prompt is {n} tokens, and with max_new_tokens = {max_new_tokens} \
+                     the sequence would need {} positions, beyond the context of `{}` ({context}); lower \
+                     max_new_tokens or shorten the prompt",
+                    agent.index,
+                    n + max_new_tokens,
+                    agent.model.source
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Load the team: the run's trained agents (`<run_dir>/agents/agent_i`) when they exist, else the
 /// configured base models.
 pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
@@ -78,6 +100,10 @@ pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
             system_prompts: cfg.task.system_prompts.as_ref().map(|s| (0..roles).map(|r| pick(s, r)).collect()),
         },
     };
+    let template_kwargs = match serde_json::to_value(&cfg.task.chat_template_kwargs)? {
+        serde_json::Value::Object(m) => m,
+        _ => unreachable!("a TOML table serializes to a JSON object"),
+    };
     (0..n)
         .map(|i| {
             let device = parse_device(&devices[i], &format!("agent_devices[{i}]"))?;
@@ -85,8 +111,9 @@ pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
             let source =
                 if trained.join("config.json").is_file() { trained.display().to_string() } else { sources[i].clone() };
             tracing::info!(agent = i, %source, "loading agent");
-            let model =
+            let mut model =
                 LoadedModel::load(&source, &device).with_context(|| format!("loading agent {i} from `{source}`"))?;
+            model.tokenizer.template_kwargs = template_kwargs.clone();
             Ok(Agent { index: i, model, device, recipe: recipe(i), chat_template: cfg.task.chat_template })
         })
         .collect()

@@ -66,6 +66,9 @@ pub struct TaskConfig {
     pub system_prompts: Option<Vec<String>>,
     /// Wrap each prompt in the model's chat template.
     pub chat_template: bool,
+    /// Extra variables for the chat template, as keyword arguments of transformers'
+    /// `apply_chat_template` (`enable_thinking = false` for Qwen3, `date_string` for Llama 3.x).
+    pub chat_template_kwargs: toml::Table,
 }
 
 impl Default for TaskConfig {
@@ -76,6 +79,7 @@ impl Default for TaskConfig {
             formatters: vec!["{prompt}".to_string()],
             system_prompts: None,
             chat_template: true,
+            chat_template_kwargs: toml::Table::new(),
         }
     }
 }
@@ -537,6 +541,11 @@ impl Config {
                 return err(format!("task.system_prompts has {} entries; give one or one per agent ({n})", s.len()));
             }
         }
+        if let Some(k) =
+            self.task.chat_template_kwargs.keys().find(|k| *k == "messages" || *k == "add_generation_prompt")
+        {
+            return err(format!("task.chat_template_kwargs.{k} is set by pbrl itself; remove it"));
+        }
         if !self.reward.scale.is_finite() || !self.reward.shift.is_finite() {
             return err("reward.scale and reward.shift must be finite numbers.");
         }
@@ -674,6 +683,7 @@ mod tests {
             ("top_k = 0", "top_k must be null or >= 1."),
             ("[task]\nformatters = [\"a\", \"b\", \"c\"]", "task.formatters has 3 templates"),
             ("[task]\nsystem_prompts = [\"a\", \"b\", \"c\"]", "task.system_prompts has 3 entries"),
+            ("[task.chat_template_kwargs]\nmessages = []", "task.chat_template_kwargs.messages is set by pbrl itself"),
             ("agent_devices = [\"cpu\"]", "agent_devices has 1 entries but there are 2 actors"),
             ("reward_timeout_s = 0.0", "reward_timeout_s must be a positive number of seconds."),
             ("collect_batch_size = 0", "collect_batch_size must be >= 1."),

@@ -184,3 +184,69 @@ fn refused_configs_name_the_file_and_field() {
     let err = format!("{:#}", LoadedModel::load(d.path().to_str().unwrap(), &Device::Cpu).err().unwrap());
     assert!(err.contains("config.json") && err.contains("rope_scaling") && err.contains("longrope"), "{err}");
 }
+
+/// A Llama 3 agent and a Qwen3 agent, each with its own chat template, stop tokens and RoPE:
+/// collect, train-madpo, eval through the binary; the exports keep each family's files.
+#[test]
+fn a_heterogeneous_team_collects_trains_and_evaluates_with_its_templates() {
+    use common::{ok, pbrl};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let items: String = (0..3).map(|i| format!("{{\"prompt\": \"w{i} w{} w7\"}}\n", i + 10)).collect();
+    std::fs::write(d.join("items.jsonl"), items).unwrap();
+    let cfg = format!(
+        "agents = [\"{}\", \"{}\"]\nrun_dir = \"run\"\nseed = 5\nmax_new_tokens = 8\ntemperature = 1.0\ntop_p = 1.0\n\
+         preference_num_candidates = 4\npreference_pairs_per_sample = 2\nagent_learning_rate = 1e-3\n\
+         train_batch_size = 2\neval_interval = 0\neval_num_samples = 2\n\
+         [task]\ntrain_file = \"items.jsonl\"\neval_file = \"items.jsonl\"\nformatters = [\"{{prompt}}\", \"{{prompt}} w9\"]\n\
+         system_prompts = [\"w1 w2\", \"w3\"]\n\
+         [task.chat_template_kwargs]\ndate_string = \"26 Jul 2024\"\nenable_thinking = false\n",
+        fixture("llama3").display(),
+        fixture("qwen3").display()
+    );
+    std::fs::write(d.join("c.toml"), cfg).unwrap();
+    ok(pbrl(&["collect", "--config", "c.toml"], d));
+    let round: Value =
+        serde_json::from_slice(&std::fs::read(d.join("run/preference_replay/iteration_0001.json")).unwrap()).unwrap();
+    let prompts = &round["pairs"][0]["prompts"];
+    let p0 = prompts[0].as_str().unwrap();
+    assert!(p0.starts_with("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"), "{p0}");
+    assert!(p0.contains("Today Date: 26 Jul 2024\n\nw1 w2<|eot_id|>"), "{p0}");
+    assert!(p0.ends_with("<|start_header_id|>assistant<|end_header_id|>\n\n"), "{p0}");
+    let p1 = prompts[1].as_str().unwrap();
+    assert!(p1.starts_with("<|im_start|>system\nw3<|im_end|>\n<|im_start|>user\n"), "{p1}");
+    assert!(p1.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{p1}");
+    ok(pbrl(&["train-madpo", "--config", "c.toml"], d));
+    let agent0 = d.join("run/agents/agent_0");
+    assert!(agent0.join("chat_template.jinja").is_file());
+    let cfg0: Value = serde_json::from_slice(&std::fs::read(agent0.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg0["rope_parameters"]["rope_type"], "llama3");
+    let cfg1: Value =
+        serde_json::from_slice(&std::fs::read(d.join("run/agents/agent_1/config.json")).unwrap()).unwrap();
+    assert_eq!(cfg1["model_type"], "qwen3");
+    ok(pbrl(&["eval", "--config", "c.toml"], d));
+
+    // A prompt plus max_new_tokens past the 128-position context: refused before any sampling.
+    let o = pbrl(&["collect", "--config", "c.toml", "max_new_tokens=120", "--force", "--round", "1"], d);
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("train item 0") && err.contains("max_new_tokens = 120") && err.contains("(128)"), "{err}");
+}
+
+/// Exports of each family load in transformers with pbrl's logits, RoPE and sampling settings.
+#[test]
+fn exports_load_in_transformers_with_equal_logits_and_the_runs_settings() {
+    common::init();
+    let sampling = SamplingParams { temperature: 0.6, top_p: 0.6, top_k: Some(50), max_new_tokens: 64 };
+    for name in ["llama3", "qwen3", "qwen2_yarn"] {
+        let m = LoadedModel::load(fixture(name).to_str().unwrap(), &Device::Cpu).unwrap();
+        let ids = ids(&golden(name)["rows"][0]["prompt"]);
+        let Some(r) = common::check_export_in_transformers(&m, &ids, &sampling, 1e-4) else { return };
+        assert_eq!(
+            r["generation"],
+            serde_json::json!({"do_sample": true, "temperature": 0.6, "top_p": 0.6, "top_k": 50, "max_new_tokens": 64})
+        );
+        let want = serde_json::from_slice::<Value>(&std::fs::read(fixture(name).join("config.json")).unwrap()).unwrap();
+        assert_eq!(r["rope"], want["rope_parameters"], "{name}");
+    }
+}

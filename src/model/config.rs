@@ -311,7 +311,7 @@ impl ModelConfig {
     fn checked(self) -> Result<Self> {
         if self.num_attention_heads == 0
             || self.num_key_value_heads == 0
-            || self.num_attention_heads % self.num_key_value_heads != 0
+            || !self.num_attention_heads.is_multiple_of(self.num_key_value_heads)
         {
             bail!(
                 "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
@@ -319,7 +319,7 @@ impl ModelConfig {
                 self.num_key_value_heads
             );
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             bail!("head_dim ({}) must be even and positive for RoPE", self.head_dim);
         }
         Ok(self)

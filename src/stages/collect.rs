@@ -15,7 +15,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::agents::load_team;
+use crate::agents::{check_context, load_team};
 use crate::collab::Collaboration;
 use crate::config::Config;
 use crate::model::sampling::{sample, SampleRequest};
@@ -59,6 +59,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     let n_cand = cfg.preference_num_candidates as usize;
     let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
     let team = load_team(cfg, run_dir)?;
+    check_context(&team, &items, cfg.max_new_tokens as usize, "train")?;
     let collab = Collaboration::from_config(cfg);
     let params = sampling_params(cfg);
 

@@ -11,7 +11,7 @@
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
-use crate::agents::{load_team, Agent};
+use crate::agents::{check_context, load_team, Agent};
 use crate::collab::Collaboration;
 use crate::config::Config;
 use crate::model::sampling::{sample, SampleRequest, SamplingParams};
@@ -108,6 +108,7 @@ pub fn evaluate(
     reward: &mut dyn TaskReward,
     processor: RewardProcessor,
 ) -> Result<Evaluation> {
+    check_context(team, items, cfg.max_new_tokens as usize, "eval")?;
     let params = sampling_params(cfg);
     let k = cfg.eval_samples_per_item as usize;
     let collab = Collaboration::from_config(cfg);

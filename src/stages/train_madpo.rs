@@ -18,7 +18,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::agents::load_team;
+use crate::agents::{check_context, load_team, Agent};
 use crate::algo::madpo::{accuracy, agent_loss, joint_margins, other_margins};
 use crate::checkpoint::{self, Progress};
 use crate::collab::Collaboration;
@@ -100,6 +100,28 @@ pub fn agent_rows(
     winners.chain(losers).collect()
 }
 
+/// Refuse, before training, a pair whose re-tokenized prompt and completion do not fit an actor's
+/// context.
+fn check_pairs_fit(team: &[Agent], pairs: &[PreferencePair], max_new_tokens: usize, last: LastToken) -> Result<()> {
+    for agent in team {
+        let context = agent.model.model.config.context_length();
+        for (p, pair) in pairs.iter().enumerate() {
+            for row in agent_rows(&agent.model.tokenizer, agent.index, &[pair], max_new_tokens, last)? {
+                let n = row.prompt.len() + row.completion.len();
+                if n > context {
+                    bail!(
+                        "training pair {p}: actor {}'s prompt and completion are {n} tokens, beyond the context \
+                         of `{}` ({context})",
+                        agent.index,
+                        agent.model.source
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Every actor's margins Δ_i(p) = log π_i(winner) − log π_i(loser), (pairs,), differentiable,
 /// all at the weights before any update of the batch. Their values are the fixed margins D_i
 /// that the reference computes in a separate pass without gradients (same weights, same
@@ -155,6 +177,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
     }
     let team = load_team(cfg, run_dir)?;
     let last = scorer(cfg);
+    check_pairs_fit(&team, &pairs, cfg.max_new_tokens as usize, last)?;
     let adam = AdamWConfig::torch_defaults(cfg.agent_learning_rate);
     let mut optims = team
         .iter()
@@ -203,6 +226,9 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
         println!("resuming from checkpoint-{num} after epoch {}", progress.epoch);
     }
     let eval_set = if cfg.eval_interval > 0 { eval_items(cfg)? } else { None };
+    if let Some(items) = &eval_set {
+        check_context(&team, items, cfg.max_new_tokens as usize, "eval")?;
+    }
     let mut eval_reward = match &eval_set {
         Some(_) => Some(build_reward(&cfg.reward, cfg.reward_timeout_s)?),
         None => None,

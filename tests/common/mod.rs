@@ -87,3 +87,46 @@ pub fn ok(o: Output) -> Output {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     o
 }
+
+/// The Python of a venv with torch and transformers (`PBRL_REF_PYTHON`), for the tests that check
+/// pbrl's exports in transformers; those tests skip, saying so, where it is not set.
+pub fn ref_python() -> Option<PathBuf> {
+    std::env::var_os("PBRL_REF_PYTHON").map(PathBuf::from).filter(|p| p.is_file())
+}
+
+/// Export `m` with `sampling`, then load the export in transformers (scripts/check_export.py) and
+/// compare its logits on `ids` with pbrl's (within `tolerance`); returns the script's report. `None` where no
+/// reference Python is set.
+pub fn check_export_in_transformers(
+    m: &pbrl::model::LoadedModel,
+    ids: &[u32],
+    sampling: &pbrl::model::SamplingParams,
+    tolerance: f64,
+) -> Option<serde_json::Value> {
+    let Some(py) = ref_python() else {
+        eprintln!("skipped: PBRL_REF_PYTHON is not set (scripts/test.sh sets it when the baseline venv exists)");
+        return None;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let agent = d.path().join("agent_0");
+    m.save_hf_dir(&agent, Some(sampling)).unwrap();
+    let back = pbrl::model::LoadedModel::load(agent.to_str().unwrap(), &candle_core::Device::Cpu).unwrap();
+    let dev = candle_core::Device::Cpu;
+    let batch =
+        pbrl::model::batch::PaddedBatch::new(&[ids.to_vec()], 0, pbrl::model::batch::Padding::Right, &dev).unwrap();
+    let logits = back.model.forward(&batch.ids, &batch.positions, &batch.bias, None, pbrl::model::Mode::Infer).unwrap();
+    let case = d.path().join("case.safetensors");
+    let ids_t = Tensor::new(ids, &dev).unwrap().to_dtype(candle_core::DType::I64).unwrap().unsqueeze(0).unwrap();
+    candle_core::safetensors::save(
+        &[("ids".to_string(), ids_t), ("logits".to_string(), logits)].into_iter().collect(),
+        &case,
+    )
+    .unwrap();
+    let script = repo().join("scripts/check_export.py");
+    let o = Command::new(py).arg(script).arg(&agent).arg(&case).arg(tolerance.to_string()).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "transformers on the export: {out}\n{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    eprintln!("transformers on the export: {report}");
+    Some(report)
+}
