@@ -7,7 +7,8 @@ use crate::collab::{joint_prompt, Collaboration};
 use crate::config::{Config, DeviceSpec};
 use crate::device::parse_device;
 use crate::model::LoadedModel;
-use crate::run_dir::RunDir;
+use crate::run::team::saved_team;
+use crate::run::RunDir;
 use crate::task::{render_template, TaskItem};
 
 pub struct Agent {
@@ -76,8 +77,8 @@ pub fn check_context(team: &[Agent], items: &[TaskItem], max_new_tokens: usize, 
     Ok(())
 }
 
-/// Load the team: the run's trained agents (`<run_dir>/agents/agent_i`) when they exist, else the
-/// configured base models.
+/// Load the team: the run's trained agents (`<run_dir>/agents/agent_i`, saved whole by
+/// `run::team::save_team`) when it has them, else the configured base models.
 pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
     let roles = cfg.num_agents as usize;
     let n = cfg.num_actors();
@@ -100,6 +101,8 @@ pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
             system_prompts: cfg.task.system_prompts.as_ref().map(|s| (0..roles).map(|r| pick(s, r)).collect()),
         },
     };
+    // The run's trained team when it has one (whole: a partial team is an error), else the base models.
+    let trained = saved_team(run_dir, n)?;
     let template_kwargs = match serde_json::to_value(&cfg.task.chat_template_kwargs)? {
         serde_json::Value::Object(m) => m,
         _ => unreachable!("a TOML table serializes to a JSON object"),
@@ -107,9 +110,10 @@ pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
     (0..n)
         .map(|i| {
             let device = parse_device(&devices[i], &format!("agent_devices[{i}]"))?;
-            let trained = run_dir.agent(i);
-            let source =
-                if trained.join("config.json").is_file() { trained.display().to_string() } else { sources[i].clone() };
+            let source = match &trained {
+                Some(dirs) => dirs[i].display().to_string(),
+                None => sources[i].clone(),
+            };
             tracing::info!(agent = i, %source, "loading agent");
             let mut model =
                 LoadedModel::load(&source, &device).with_context(|| format!("loading agent {i} from `{source}`"))?;

@@ -4,7 +4,6 @@
 //! of agents and the [`model`] runtime → candle.
 pub mod agents;
 pub mod algo;
-pub mod checkpoint;
 pub mod cli;
 pub mod collab;
 pub mod config;
@@ -14,6 +13,6 @@ pub mod optim;
 pub mod prefs;
 pub mod progress;
 pub mod rng;
-pub mod run_dir;
+pub mod run;
 pub mod stages;
 pub mod task;

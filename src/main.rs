@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Parser;
 use pbrl::cli::{Cli, Command, CommonArgs};
 use pbrl::config::{Config, Override};
-use pbrl::run_dir::RunDir;
+use pbrl::run::{RunDir, RunLock};
 
 fn main() -> ExitCode {
     // candle attaches a captured backtrace to its errors when RUST_BACKTRACE is set; error
@@ -36,8 +36,9 @@ fn init_logging(verbose: u8) {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
 }
 
-/// Load the config with its overrides; `None` when only --print-config was asked.
-fn load_config(args: &CommonArgs) -> Result<Option<(Config, RunDir)>> {
+/// Load the config with its overrides and take the run directory's lock (every command writes
+/// there); `None` when only --print-config was asked.
+fn load_config(args: &CommonArgs, command: &str) -> Result<Option<(Config, RunDir, RunLock)>> {
     let overrides =
         args.set.iter().chain(args.overrides.iter()).map(|s| Override::parse(s)).collect::<Result<Vec<_>, _>>()?;
     let mut cfg = Config::load(&args.config, &overrides)?;
@@ -49,26 +50,31 @@ fn load_config(args: &CommonArgs) -> Result<Option<(Config, RunDir)>> {
         return Ok(None);
     }
     let run_dir = RunDir::new(&cfg.run_dir);
+    let lock = RunLock::acquire(&run_dir.root, command)?;
+    // Temporary files of killed commands (this one holds the lock, so none is being written).
+    for dir in [run_dir.root.clone(), cfg.replay_dir()] {
+        for p in pbrl::run::atomic::sweep_stale(&dir)? {
+            tracing::warn!("removed {}, left by an interrupted command", p.display());
+        }
+    }
     run_dir.write_config(&cfg.to_toml())?;
-    Ok(Some((cfg, run_dir)))
+    Ok(Some((cfg, run_dir, lock)))
 }
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Collect(args) => {
-            let Some((cfg, run_dir)) = load_config(&args.common)? else { return Ok(()) };
+            let Some((cfg, run_dir, _lock)) = load_config(&args.common, "collect")? else { return Ok(()) };
             let opts = pbrl::stages::collect::CollectOptions { round: args.round, force: args.force };
             pbrl::stages::collect::run(&cfg, &run_dir, &opts)?;
         }
         Command::TrainMadpo(args) => {
-            let Some((cfg, run_dir)) = load_config(&args.common)? else { return Ok(()) };
+            let Some((cfg, run_dir, _lock)) = load_config(&args.common, "train-madpo")? else { return Ok(()) };
             let opts = pbrl::stages::train_madpo::TrainOptions { resume: args.resume };
             pbrl::stages::train_madpo::run(&cfg, &run_dir, &opts)?;
         }
         Command::Eval(args) => {
-            let Some((cfg, run_dir)) = load_config(&args)? else {
-                return Ok(());
-            };
+            let Some((cfg, run_dir, _lock)) = load_config(&args, "eval")? else { return Ok(()) };
             pbrl::stages::eval::run(&cfg, &run_dir)?;
         }
     }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::run_dir::atomic_write;
+use crate::run::{atomic_create, atomic_write};
 
 /// One preference: the winning and losing joint responses to the same prompts (one entry per
 /// agent in each list). The field names and order are the reference's record format, so round
@@ -72,6 +72,11 @@ impl RoundFile {
     /// Written as compact JSON (like the reference), atomically.
     pub fn save(&self, path: &Path) -> Result<()> {
         atomic_write(path, serde_json::to_string(self)?.as_bytes())
+    }
+
+    /// Write a new round file; an existing one (another command's) is an error, never replaced.
+    pub fn save_new(&self, path: &Path) -> Result<()> {
+        atomic_create(path, serde_json::to_string(self)?.as_bytes())
     }
 }
 

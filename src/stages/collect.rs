@@ -24,7 +24,7 @@ use crate::prefs::selection::{select_pairs, PairSelection};
 use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
-use crate::run_dir::{atomic_write, RunDir};
+use crate::run::{atomic_write, RunDir};
 use crate::stages::eval::sampling_params;
 use crate::task::{load_items, reward::build_reward};
 
@@ -138,7 +138,12 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
         tracing::warn!("no non-tied preference pairs: every item's candidates scored the same");
         eprintln!("warning: no non-tied preference pairs in this round (every item's candidates tied)");
     }
-    RoundFile::new(round, pairs).save(&path)?;
+    let round_file = RoundFile::new(round, pairs);
+    if opts.force {
+        round_file.save(&path)?;
+    } else {
+        round_file.save_new(&path)?;
+    }
     if cfg.log_reward_distribution {
         let [lo, hi] = cfg.reward_range.expect("validated: reward_range is set");
         let dir = run_dir.root.join("reward_distributions");

@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::model::sampling::{sample, SampleRequest, SamplingParams};
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
-use crate::run_dir::{atomic_write, RunDir};
+use crate::run::{atomic_create, RunDir};
 use crate::task::reward::{build_reward, RewardProcessor, TaskReward};
 use crate::task::{load_items, TaskItem};
 
@@ -48,8 +48,8 @@ pub fn run(cfg: &Config, run_dir: &RunDir) -> Result<EvalReport> {
         "eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean, "eval/turn_1/reward_stderr": stderr,
     });
     let report = json!({"metrics": metrics, "items": records});
-    let path = unused_path(&run_dir.eval(), &chrono::Utc::now().format("eval-%Y%m%dT%H%M%SZ").to_string());
-    atomic_write(&path, serde_json::to_string_pretty(&report)?.as_bytes())?;
+    let stem = chrono::Utc::now().format("eval-%Y%m%dT%H%M%SZ").to_string();
+    let path = write_new_report(&run_dir.eval(), &stem, serde_json::to_string_pretty(&report)?.as_bytes())?;
     run_dir.log_metrics(&json!({
         "stage": "eval", "time": chrono::Utc::now().to_rfc3339(), "num_items": items.len(),
         "samples_per_item": cfg.eval_samples_per_item,
@@ -188,15 +188,21 @@ fn stderr_over_items(rewards: &[f64], k: usize) -> f64 {
     (var / n as f64).sqrt()
 }
 
-/// `<dir>/<stem>.json`, or `<stem>-2.json`, ... if a report of the same second exists.
-fn unused_path(dir: &std::path::Path, stem: &str) -> std::path::PathBuf {
-    let mut p = dir.join(format!("{stem}.json"));
-    let mut k = 2;
-    while p.exists() {
-        p = dir.join(format!("{stem}-{k}.json"));
-        k += 1;
+/// Write `<dir>/<stem>.json`, or `<stem>-2.json`, ... when a report of the same second exists;
+/// each name is created exclusively, so two evals never write the same report.
+fn write_new_report(dir: &std::path::Path, stem: &str, bytes: &[u8]) -> Result<std::path::PathBuf> {
+    for k in 1.. {
+        let p = if k == 1 { dir.join(format!("{stem}.json")) } else { dir.join(format!("{stem}-{k}.json")) };
+        if p.exists() {
+            continue;
+        }
+        match atomic_create(&p, bytes) {
+            Ok(()) => return Ok(p),
+            Err(_) if p.exists() => continue,
+            Err(e) => return Err(e),
+        }
     }
-    p
+    unreachable!("an unused report name exists")
 }
 
 /// One row per joint response: the item's index (and the sample's, with several per item).

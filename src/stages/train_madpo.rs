@@ -20,7 +20,6 @@ use serde_json::json;
 
 use crate::agents::{check_context, load_team, Agent};
 use crate::algo::madpo::{accuracy, agent_loss, joint_margins, other_margins};
-use crate::checkpoint::{self, Progress};
 use crate::collab::Collaboration;
 use crate::config::Config;
 use crate::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
@@ -31,7 +30,10 @@ use crate::prefs::replay::{plan, sample};
 use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
-use crate::run_dir::RunDir;
+use crate::run::checkpoint::{self, Progress};
+use crate::run::fingerprint::{source_digest, Fingerprint};
+use crate::run::team::save_team;
+use crate::run::RunDir;
 use crate::stages::eval::{eval_items, evaluate, sampling_params};
 use crate::task::reward::build_reward;
 
@@ -207,11 +209,52 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
         skipped_nonfinite: vec![0; n],
         rounds: rounds.clone(),
         num_pairs: pairs.len(),
+        num_train_epochs: 0,
+        fingerprint: Default::default(),
     };
+    let dir = cfg.replay_dir();
+    let round_files: Vec<(u32, std::path::PathBuf)> = rounds.iter().map(|&r| (r, round_path(&dir, r))).collect();
+    let round_refs: Vec<(u32, &std::path::Path)> = round_files.iter().map(|(r, p)| (*r, p.as_path())).collect();
+    let sources: Vec<String> = team.iter().map(|a| a.model.source.clone()).collect();
+    progress.fingerprint = Fingerprint::of_training(cfg, &round_refs, &sources)?;
+    progress.num_train_epochs = cfg.num_train_epochs as u64;
     if opts.resume {
         let (num, path) = checkpoint::list(&run_dir.root)?.pop().with_context(|| {
             format!("--resume: no checkpoint in {}", checkpoint::checkpoints_dir(&run_dir.root).display())
         })?;
+        let saved = checkpoint::read_progress(&path)?;
+        let finished = checkpoint::finished(&run_dir.root)?;
+        if let Some(f) = &finished {
+            if progress.num_train_epochs <= f.epochs {
+                bail!(
+                    "--resume: the training run in {} finished ({} epochs), so there is nothing to resume; train \
+                     without --resume to start over, or raise num_train_epochs to extend it",
+                    run_dir.root.display(),
+                    f.epochs
+                );
+            }
+            // Extending a finished run: the team now loads the agents it saved; those must be
+            // untouched, and the run's own starting weights stand for them.
+            for (i, digest) in f.agents.iter().enumerate() {
+                let key = format!("actor {i} starting weights");
+                if progress.fingerprint.0.get(&key) != Some(digest) {
+                    bail!("--resume: agents/agent_{i} changed since the training run finished; train without --resume");
+                }
+                if let Some(start) = saved.fingerprint.0.get(&key) {
+                    progress.fingerprint.0.insert(key, start.clone());
+                }
+            }
+        }
+        let changed = saved.fingerprint.differences(&progress.fingerprint);
+        if !changed.is_empty() {
+            bail!(
+                "--resume: checkpoint-{num} was written under a different setup ({}); train without --resume to start \
+                 over",
+                changed.join("; ")
+            );
+        }
+        let extending = finished.map(|f| f.epochs);
+        let (fingerprint, target) = (progress.fingerprint.clone(), progress.num_train_epochs);
         progress = checkpoint::restore(&path, &models, &mut optims)?;
         if progress.rounds != rounds || progress.num_pairs != pairs.len() {
             bail!(
@@ -222,8 +265,14 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
                 pairs.len()
             );
         }
+        (progress.fingerprint, progress.num_train_epochs) = (fingerprint, target);
         rng.set_word_pos(progress.rng_word_pos);
+        if let Some(done) = extending {
+            println!("extending the finished {done}-epoch run to {target} epochs");
+        }
         println!("resuming from checkpoint-{num} after epoch {}", progress.epoch);
+    } else {
+        checkpoint::start_fresh(&run_dir.root)?;
     }
     let eval_set = if cfg.eval_interval > 0 { eval_items(cfg)? } else { None };
     if let Some(items) = &eval_set {
@@ -307,9 +356,9 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
         }
     }
     bar.finish_and_clear();
-    for (i, agent) in team.iter().enumerate() {
-        agent.model.save_hf_dir(&run_dir.agent(i), Some(&sampling_params(cfg)))?;
-    }
+    save_team(run_dir, &models, &sampling_params(cfg))?;
+    let agents = (0..n).map(|i| source_digest(&run_dir.agent(i).display().to_string())).collect::<Result<_>>()?;
+    checkpoint::mark_finished(&run_dir.root, &checkpoint::Finished { epochs: progress.epoch, agents })?;
     println!(
         "trained {n} agents on {} pairs from rounds {rounds:?}: {} updates in {:.1} s; agents saved in {}",
         pairs.len(),

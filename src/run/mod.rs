@@ -1,22 +1,18 @@
-//! The run directory: where every stage reads its inputs and writes its outputs.
-use std::path::{Path, PathBuf};
+//! The run directory: where every stage reads its inputs and writes its outputs, and the rules
+//! that keep it whole: atomic writes (`atomic`), one writer at a time (`lock`), a team saved
+//! all-or-nothing (`team`), and resumes refused under a changed setup (`fingerprint`).
+pub mod atomic;
+pub mod checkpoint;
+pub mod fingerprint;
+pub mod lock;
+pub mod team;
+
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-/// Write a file atomically: a temporary sibling, fsync, then rename over the target.
-pub fn atomic_write(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    let name = path.file_name().context("atomic_write needs a file name")?.to_string_lossy();
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    let mut f = std::fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
-    Ok(())
-}
+pub use atomic::{atomic_create, atomic_write};
+pub use lock::RunLock;
 
 /// The layout of a run directory (spec §4).
 #[derive(Debug, Clone)]
@@ -31,11 +27,15 @@ impl RunDir {
     pub fn config(&self) -> PathBuf {
         self.root.join("config.toml")
     }
+    /// The trained team (`team::save_team`): `agents/agent_i` and `agents/team.json`.
     pub fn agents(&self) -> PathBuf {
         self.root.join("agents")
     }
     pub fn agent(&self, i: usize) -> PathBuf {
         self.agents().join(format!("agent_{i}"))
+    }
+    pub fn checkpoints(&self) -> PathBuf {
+        self.root.join("checkpoints")
     }
     pub fn eval(&self) -> PathBuf {
         self.root.join("eval")
@@ -52,13 +52,14 @@ impl RunDir {
     /// Append one JSON object to metrics.jsonl (one line per logged step).
     pub fn log_metrics(&self, record: &serde_json::Value) -> Result<()> {
         use std::io::Write;
-        std::fs::create_dir_all(&self.root)?;
+        let path = self.metrics();
+        std::fs::create_dir_all(&self.root).with_context(|| format!("creating {}", self.root.display()))?;
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.metrics())
-            .with_context(|| format!("opening {}", self.metrics().display()))?;
-        writeln!(f, "{}", serde_json::to_string(record)?)?;
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        writeln!(f, "{}", serde_json::to_string(record)?).with_context(|| format!("writing {}", path.display()))?;
         Ok(())
     }
 }

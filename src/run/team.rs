@@ -1,0 +1,117 @@
+//! The trained team in `<run_dir>/agents/`, saved all-or-nothing: every agent is written into a
+//! temporary `.agents.tmp-PID/` with a `team.json` manifest, which then takes the place of
+//! `agents/` in one atomic exchange (`renameat2(RENAME_EXCHANGE)`), so a kill at any moment
+//! leaves the old team or the new one, never a mix. A command that expects trained agents and
+//! finds `agents/` without a manifest, or not matching it, says so instead of filling the gap
+//! with base models.
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use super::RunDir;
+use crate::model::{LoadedModel, SamplingParams};
+
+pub const MANIFEST: &str = "team.json";
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct TeamManifest {
+    pub num_actors: usize,
+    pub agents: Vec<String>,
+}
+
+/// Refuse weights that are not all finite: a NaN agent is never saved.
+fn check_finite(i: usize, m: &LoadedModel) -> Result<()> {
+    let data = m.varmap.data().lock().expect("VarMap lock");
+    for (name, var) in data.iter() {
+        let t = var.as_tensor().to_dtype(candle_core::DType::F32)?;
+        let sum = t.sum_all()?.to_scalar::<f32>()?;
+        let max = t.abs()?.max_all()?.to_scalar::<f32>()?;
+        if sum.is_nan() || !max.is_finite() {
+            bail!("agent {i}: weight `{name}` has non-finite values; nothing was saved (the previous agents are kept)");
+        }
+    }
+    Ok(())
+}
+
+/// Atomically swap two existing paths (Linux `renameat2` with `RENAME_EXCHANGE`).
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    let ca = CString::new(a.as_os_str().as_bytes())?;
+    let cb = CString::new(b.as_os_str().as_bytes())?;
+    // SAFETY: two valid NUL-terminated paths relative to the working directory.
+    let rc =
+        unsafe { libc::renameat2(libc::AT_FDCWD, ca.as_ptr(), libc::AT_FDCWD, cb.as_ptr(), libc::RENAME_EXCHANGE) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Save every actor as `agents/agent_i` (Hugging Face directories with the run's sampling
+/// settings), all or nothing.
+pub fn save_team(run: &RunDir, models: &[&LoadedModel], sampling: &SamplingParams) -> Result<()> {
+    for (i, m) in models.iter().enumerate() {
+        check_finite(i, m)?;
+    }
+    let target = run.agents();
+    let tmp = super::atomic::temp_sibling(&target, "tmp")?;
+    let write = || -> Result<()> {
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp)?;
+        }
+        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let mut names = Vec::new();
+        for (i, m) in models.iter().enumerate() {
+            let name = format!("agent_{i}");
+            m.save_hf_dir(&tmp.join(&name), Some(sampling)).with_context(|| format!("saving agent {i}"))?;
+            names.push(name);
+        }
+        let manifest = TeamManifest { num_actors: models.len(), agents: names };
+        super::atomic_write(&tmp.join(MANIFEST), &serde_json::to_vec_pretty(&manifest)?)?;
+        if target.exists() {
+            exchange(&tmp, &target).with_context(|| format!("replacing {}", target.display()))?;
+            std::fs::remove_dir_all(&tmp)
+                .with_context(|| format!("removing the previous team in {}", tmp.display()))?;
+        } else {
+            std::fs::rename(&tmp, &target).with_context(|| format!("renaming into {}", target.display()))?;
+        }
+        Ok(())
+    };
+    let result = write();
+    if result.is_err() && tmp.exists() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result
+}
+
+/// The run's trained team: `None` when it has none, the agent directories when it has a
+/// complete one of `n` actors, an error for anything else (a partial or mixed team).
+pub fn saved_team(run: &RunDir, n: usize) -> Result<Option<Vec<PathBuf>>> {
+    let dir = run.agents();
+    if !dir.exists() {
+        return Ok(None);
+    }
+    let manifest_path = dir.join(MANIFEST);
+    if !manifest_path.is_file() {
+        bail!(
+            "{} has no {MANIFEST}: a partial or foreign team (pbrl saves teams whole); remove the directory to start \
+             from the base models, or train again",
+            dir.display()
+        );
+    }
+    let manifest: TeamManifest = serde_json::from_slice(
+        &std::fs::read(&manifest_path).with_context(|| format!("reading {}", manifest_path.display()))?,
+    )
+    .with_context(|| format!("{}: not a pbrl team manifest", manifest_path.display()))?;
+    if manifest.num_actors != n {
+        bail!("{} holds a team of {} actors but this config has {n}", dir.display(), manifest.num_actors);
+    }
+    let paths: Vec<PathBuf> = manifest.agents.iter().map(|a| dir.join(a)).collect();
+    if let Some(missing) = paths.iter().find(|p| !p.join("config.json").is_file()) {
+        bail!("{}: the team manifest lists {} but it is missing or incomplete", dir.display(), missing.display());
+    }
+    Ok(Some(paths))
+}
