@@ -33,8 +33,13 @@ impl RunLock {
             if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 let mut holder = String::new();
                 let _ = file.read_to_string(&mut holder);
-                let holder = holder.trim();
-                let who = if holder.is_empty() { "another pbrl command".to_string() } else { format!("`{holder}`") };
+                // The holder writes "pbrl COMMAND (pid N)" once it has the lock; an older text
+                // (a finished command's) or none means some other process holds it.
+                let pid = holder.rsplit_once("(pid ").and_then(|(_, p)| p.trim_end_matches(')').trim().parse().ok());
+                let who = match pid {
+                    Some(pid) if super::atomic::pid_alive(pid) => format!("`{}`", holder.trim()),
+                    _ => "another process".to_string(),
+                };
                 bail!(
                     "the run directory {} is in use by {who}; wait for it to finish or use another run_dir",
                     root.display()

@@ -1,0 +1,159 @@
+//! A run directory that fails closed, through the binary on a tiny model: a half-saved team,
+//! resumes under a changed setup, a finished run, two commands at once, leftovers of killed
+//! commands, non-finite agents.
+mod common;
+
+use common::{ok, pbrl};
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use candle_core::DType;
+use pbrl::model::{tiny::tiny_model, Architecture};
+
+fn setup(d: &Path, extra: &str) {
+    tiny_model(Architecture::Llama, true, 41, DType::F32).unwrap().save_hf_dir(&d.join("tiny"), None).unwrap();
+    let items: String = (0..4).map(|i| format!("{{\"prompt\": \"w{i} w{} w7\"}}\n", i + 3)).collect();
+    std::fs::write(d.join("train.jsonl"), &items).unwrap();
+    let cfg = format!(
+        "agent_model = \"{}\"\nrun_dir = \"run\"\nseed = 3\nmax_new_tokens = 6\ntemperature = 1.0\ntop_p = 1.0\n\
+         preference_num_candidates = 4\npreference_pairs_per_sample = 2\nagent_learning_rate = 1e-3\ntrain_batch_size = 2\n\
+         eval_interval = 0\neval_num_samples = 2\ncheckpoint_interval = 1\n{extra}\n[task]\ntrain_file = \"train.jsonl\"\n\
+         eval_file = \"train.jsonl\"\nformatters = [\"{{prompt}}\", \"{{prompt}} w9\"]\nchat_template = false\n",
+        d.join("tiny").display()
+    );
+    std::fs::write(d.join("c.toml"), cfg).unwrap();
+    ok(pbrl(&["collect", "--config", "c.toml"], d));
+}
+
+fn err(o: &std::process::Output) -> String {
+    assert_eq!(o.status.code(), Some(2), "expected a user error: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+#[test]
+fn a_partial_team_is_an_error_not_a_base_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_train_epochs = 1");
+    ok(pbrl(&["train-madpo", "--config", "c.toml"], d));
+    assert!(d.join("run/agents/team.json").is_file());
+    // A kill between two agents' renames (what pbrl before whole-team saves could leave).
+    std::fs::remove_dir_all(d.join("run/agents/agent_1")).unwrap();
+    let e = err(&pbrl(&["eval", "--config", "c.toml"], d));
+    assert!(e.contains("agent_1") && e.contains("missing"), "{e}");
+    std::fs::remove_file(d.join("run/agents/team.json")).unwrap();
+    let e = err(&pbrl(&["collect", "--config", "c.toml"], d));
+    assert!(e.contains("partial"), "{e}");
+}
+
+#[test]
+fn resume_refuses_a_changed_setup_and_a_finished_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_train_epochs = 2");
+    ok(pbrl(&["train-madpo", "--config", "c.toml"], d));
+    // Pretend the run was killed after epoch 1: drop what epoch 2 and the end wrote.
+    std::fs::remove_dir_all(d.join("run/checkpoints/checkpoint-2")).unwrap();
+    std::fs::remove_dir_all(d.join("run/agents")).unwrap();
+    for (set, field) in [
+        ("agent_learning_rate=1e-4", "agent_learning_rate"),
+        ("train_batch_size=1", "train_batch_size"),
+        ("seed=4", "seed"),
+        ("dpo_beta=0.5", "dpo_beta"),
+        ("score_last_token=true", "score_last_token"),
+    ] {
+        let e = err(&pbrl(&["train-madpo", "--config", "c.toml", "--resume", set], d));
+        assert!(e.contains("different setup") && e.contains(field), "{set}: {e}");
+    }
+    // A changed round file.
+    let round = d.join("run/preference_replay/iteration_0001.json");
+    let text = std::fs::read_to_string(&round).unwrap();
+    std::fs::write(&round, text.replacen("\"iteration\":1", "\"iteration\":1 ", 1)).unwrap();
+    let e = err(&pbrl(&["train-madpo", "--config", "c.toml", "--resume"], d));
+    assert!(e.contains("round 0001"), "{e}");
+    std::fs::write(&round, text).unwrap();
+    // A fresh run does not throw away the unfinished run's checkpoints.
+    let e = err(&pbrl(&["train-madpo", "--config", "c.toml"], d));
+    assert!(e.contains("unfinished") && e.contains("--resume"), "{e}");
+    let o = ok(pbrl(&["train-madpo", "--config", "c.toml", "--resume"], d));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("resuming from checkpoint-1"));
+    // Now finished: resuming again has nothing to continue.
+    let e = err(&pbrl(&["train-madpo", "--config", "c.toml", "--resume"], d));
+    assert!(e.contains("finished"), "{e}");
+    // A fresh run replaces the finished run's checkpoints.
+    ok(pbrl(&["train-madpo", "--config", "c.toml"], d));
+}
+
+#[test]
+fn a_second_command_on_a_locked_run_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_train_epochs = 1");
+    // Hold the lock from another process, as a long collect would.
+    std::fs::create_dir_all(d.join("run")).unwrap();
+    let mut holder = Command::new("flock")
+        .args(["-o", "run/.pbrl.lock", "sleep", "30"])
+        .current_dir(d)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("flock(1) is part of util-linux");
+    let lock = d.join("run/.pbrl.lock");
+    let start = std::time::Instant::now();
+    let mut last = String::new();
+    while start.elapsed().as_secs() < 10 {
+        let o = pbrl(&["collect", "--config", "c.toml", "--round", "2"], d);
+        if o.status.code() == Some(2) {
+            last = String::from_utf8_lossy(&o.stderr).to_string();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert!(last.contains("is in use by"), "{last}");
+    assert!(lock.exists());
+    assert!(!d.join("run/preference_replay/iteration_0002.json").exists(), "nothing written while locked");
+    ok(pbrl(&["collect", "--config", "c.toml", "--round", "2"], d));
+}
+
+#[test]
+fn leftovers_of_killed_commands_are_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_train_epochs = 1");
+    // Names a killed pbrl leaves (pid above the kernel's pid_max: surely dead).
+    for p in [
+        "run/preference_replay/.iteration_0002.json.tmp-4194305",
+        "run/.config.toml.tmp-4194305",
+        "run/checkpoints/.checkpoint-1.tmp-4194305/state.json",
+        "run/.agents.tmp-4194305/agent_0/config.json",
+    ] {
+        let p = d.join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, b"partial").unwrap();
+    }
+    ok(pbrl(&["eval", "--config", "c.toml"], d));
+    let mut left = Vec::new();
+    for sub in ["run", "run/preference_replay", "run/checkpoints"] {
+        for e in std::fs::read_dir(d.join(sub)).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.contains(".tmp-") {
+                left.push(format!("{sub}/{name}"));
+            }
+        }
+    }
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn eval_reports_of_the_same_second_get_distinct_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_train_epochs = 1");
+    for _ in 0..3 {
+        ok(pbrl(&["eval", "--config", "c.toml"], d));
+    }
+    let n = std::fs::read_dir(d.join("run/eval")).unwrap().count();
+    assert_eq!(n, 3, "one report per eval");
+}
