@@ -55,11 +55,21 @@ impl Agent {
     }
 }
 
-/// Refuse, before any work, an item whose prompt plus `max_new_tokens` does not fit an actor's
-/// context (transformers would index past its position table; pbrl would fail mid-run).
-pub fn check_context(team: &[Agent], items: &[TaskItem], max_new_tokens: usize, split: &str) -> Result<()> {
+/// Refuse, before any work, a task the models cannot hold: an item whose prompt plus
+/// `max_new_tokens` does not fit an actor's context (transformers would index past its position
+/// table; pbrl would fail mid-run), or a sampling batch of `rows` requests (`rows_keys` names
+/// the keys that set it) whose KV cache would not fit in the memory available on the CPU.
+pub fn check_fits(
+    team: &[Agent],
+    items: &[TaskItem],
+    max_new_tokens: usize,
+    rows: (usize, &str),
+    split: &str,
+) -> Result<()> {
     for agent in team {
-        let context = agent.model.model.config.context_length();
+        let config = &agent.model.model.config;
+        let context = config.context_length();
+        let mut longest = 0;
         for (j, item) in items.iter().enumerate() {
             let n = agent.model.tokenizer.encode(&agent.prompt_for(item)?)?.len();
             if n + max_new_tokens > context {
@@ -72,9 +82,32 @@ pub fn check_context(team: &[Agent], items: &[TaskItem], max_new_tokens: usize, 
                     agent.model.source
                 );
             }
+            longest = longest.max(n);
+        }
+        let need = crate::model::sampling::sampling_bytes(config, rows.0, longest + max_new_tokens);
+        if let (true, Some(free)) = (agent.device.is_cpu(), available_memory()) {
+            if need > free as u128 {
+                bail!(
+                    "{split}: sampling {} rows at once ({}) with max_new_tokens = {max_new_tokens} needs about {} MiB \
+                     for actor {}'s KV cache, more than the {} MiB of memory available; lower them",
+                    rows.0,
+                    rows.1,
+                    need >> 20,
+                    agent.index,
+                    free >> 20
+                );
+            }
         }
     }
     Ok(())
+}
+
+/// `MemAvailable` of /proc/meminfo, in bytes (None where it cannot be read).
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// Load the team: the run's trained agents (`<run_dir>/agents/agent_i`, saved whole by

@@ -326,15 +326,30 @@ impl Config {
         for o in overrides {
             o.apply(&mut table)?;
         }
+        reject_non_finite("", &table, text, origin, overrides)?;
         let mut cfg: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
             .map_err(|e| describe_de_error(&e, text, origin, overrides))?;
-        cfg.normalize_and_validate().map_err(|e| ConfigError(format!("{origin}: {}", e.0)))?;
+        cfg.normalize_and_validate().map_err(|e| {
+            // Blame the command line when the message is about a key an override set.
+            let from =
+                overrides.iter().find(|o| e.0.contains(&o.key) || e.0.contains(o.key.rsplit('.').next().unwrap_or("")));
+            match from {
+                Some(o) => ConfigError(format!("command-line override `{}={}`: {}", o.key, o.value, e.0)),
+                None => ConfigError(format!("{origin}: {}", e.0)),
+            }
+        })?;
         Ok(cfg)
     }
 
     /// The resolved configuration as TOML (all defaults filled in).
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("config serializes")
+    }
+
+    /// Sampling requests per evaluation batch, and the keys that set it.
+    pub fn eval_rows(&self) -> (usize, &'static str) {
+        let rows = (self.eval_batch_size as usize).saturating_mul(self.eval_samples_per_item as usize);
+        (rows, "eval_batch_size × eval_samples_per_item")
     }
 
     /// Pairs per preference update (train_batch_size, defaulting to rollout_buffer_size).
@@ -549,8 +564,16 @@ impl Config {
         if !self.reward.scale.is_finite() || !self.reward.shift.is_finite() {
             return err("reward.scale and reward.shift must be finite numbers.");
         }
-        if !(self.reward_timeout_s > 0.0 && self.reward_timeout_s.is_finite()) {
-            return err("reward_timeout_s must be a positive number of seconds.");
+        if !(self.reward_timeout_s > 0.0 && self.reward_timeout_s <= 604_800.0) {
+            return err("reward_timeout_s must be a positive number of seconds, at most a week (604800).");
+        }
+        if self.agent_learning_rate <= 0.0 {
+            return err("agent_learning_rate must be > 0.");
+        }
+        if self.agent_model.is_some() && self.agents.is_some() {
+            return err(
+                "agent_model and agents are both set; give one model for all agents or one per agent, not both",
+            );
         }
         if self.collect_batch_size < 1 {
             return err("collect_batch_size must be >= 1.");
@@ -573,6 +596,51 @@ impl Config {
         DeviceSpec::resolve(self.agent_devices.as_ref(), self.num_actors(), "agent_devices")?;
         Ok(())
     }
+}
+
+/// Where a key's value came from: the command-line override that set it, else the file (with the
+/// line that sets it, when one does).
+fn place_of(key: &str, text: &str, origin: &str, overrides: &[Override]) -> String {
+    if let Some(o) = overrides.iter().rev().find(|o| o.key == key) {
+        return format!("command-line override `{}={}`", o.key, o.value);
+    }
+    let leaf = key.rsplit('.').next().unwrap_or(key);
+    let line = text
+        .lines()
+        .position(|l| {
+            let t = l.trim_start();
+            t.starts_with(leaf) && t[leaf.len()..].trim_start().starts_with('=')
+        })
+        .map(|i| format!(" line {}", i + 1))
+        .unwrap_or_default();
+    format!("{origin}{line}")
+}
+
+/// TOML accepts `nan` and `inf`; no pbrl setting means either, so every float anywhere in the
+/// configuration (the `[reward]` parameters included) must be finite.
+fn reject_non_finite(
+    prefix: &str,
+    t: &toml::Table,
+    text: &str,
+    origin: &str,
+    overrides: &[Override],
+) -> Result<(), ConfigError> {
+    for (k, v) in t {
+        let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+        let bad = match v {
+            toml::Value::Float(f) => !f.is_finite(),
+            toml::Value::Array(a) => a.iter().any(|x| x.as_float().is_some_and(|f| !f.is_finite())),
+            toml::Value::Table(inner) => {
+                reject_non_finite(&key, inner, text, origin, overrides)?;
+                false
+            }
+            _ => false,
+        };
+        if bad {
+            return err(format!("{}: `{key}` = {v} is not a finite number", place_of(&key, text, origin, overrides)));
+        }
+    }
+    Ok(())
 }
 
 /// Turn serde's message into one line that names the key, its origin and, for an unknown key,
@@ -619,6 +687,9 @@ fn describe_de_error(
         return ConfigError(format!("{place}: unknown key `{full}`{hint}"));
     }
     let path = e.path().to_string();
+    if overrides.iter().any(|o| o.key == path) {
+        return ConfigError(format!("{}: {first}", place_of(&path, text, origin, overrides)));
+    }
     ConfigError(format!("{origin}: key `{path}`: {first}"))
 }
 
@@ -685,7 +756,10 @@ mod tests {
             ("[task]\nsystem_prompts = [\"a\", \"b\", \"c\"]", "task.system_prompts has 3 entries"),
             ("[task.chat_template_kwargs]\nmessages = []", "task.chat_template_kwargs.messages is set by pbrl itself"),
             ("agent_devices = [\"cpu\"]", "agent_devices has 1 entries but there are 2 actors"),
-            ("reward_timeout_s = 0.0", "reward_timeout_s must be a positive number of seconds."),
+            ("reward_timeout_s = 0.0", "reward_timeout_s must be a positive number of seconds"),
+            ("reward_timeout_s = 1e20", "at most a week"),
+            ("agent_learning_rate = -1e-5", "agent_learning_rate must be > 0."),
+            ("agent_model = \"a\"\nagents = [\"b\", \"c\"]", "agent_model and agents are both set"),
             ("collect_batch_size = 0", "collect_batch_size must be >= 1."),
             ("preference_replay_mode = \"best\"", "preference_replay_mode must be one of"),
             ("preference_replay_k = 2", "preference_replay_k must be null or 1 when preference_replay_mode='current'."),
@@ -721,6 +795,22 @@ mod tests {
             let m = message(text, &[]);
             assert!(m.starts_with("test.toml: ") && m.contains(want), "{text:?}: got {m:?}, want {want:?}");
         }
+    }
+
+    #[test]
+    fn non_finite_values_and_override_mistakes_name_their_place() {
+        assert_eq!(
+            message("seed = 1\ndpo_beta = nan", &[]),
+            "test.toml line 2: `dpo_beta` = nan is not a finite number"
+        );
+        assert!(message("[reward]\nscale = -inf", &[]).contains("`reward.scale` = -inf is not a finite number"));
+        assert!(message("", &["reward.target_min=nan"]).contains("`reward.target_min` = nan"));
+        let m = message("", &["temperature=inf"]);
+        assert!(m.starts_with("command-line override `temperature=inf`"), "{m}");
+        let m = message("", &["dpo_beta=-1.0"]);
+        assert!(m.starts_with("command-line override `dpo_beta=-1.0`: dpo_beta must be > 0"), "{m}");
+        let m = message("", &["num_agents=\"two\""]);
+        assert!(m.starts_with("command-line override `num_agents=\"two\"`"), "{m}");
     }
 
     #[test]

@@ -28,13 +28,28 @@ fn cuda_device(ordinal: usize, role: &str) -> Result<Device> {
     bail!("{role}: `cuda:{ordinal}` needs a pbrl built with the `cuda` feature (cargo build --release --features cuda)")
 }
 
-/// Threads for candle's CPU kernels and rayon: `--threads`, else `PBRL_THREADS`, else the
-/// physical cores. Set before any kernel runs, since oversubscription collapses throughput.
+/// The thread count a user asked for: `--threads`, else `PBRL_THREADS`; 0 or a value that is
+/// not a number is an error naming where it came from.
+pub fn requested_threads(flag: Option<usize>) -> Result<Option<usize>> {
+    if let Some(n) = flag {
+        if n == 0 {
+            bail!("--threads 0: give at least one thread");
+        }
+        return Ok(Some(n));
+    }
+    match std::env::var("PBRL_THREADS") {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => bail!("PBRL_THREADS={v:?}: give a positive number of threads"),
+        },
+    }
+}
+
+/// Threads for candle's CPU kernels and rayon: the requested count, else the physical cores.
+/// Set before any kernel runs, since oversubscription collapses throughput.
 pub fn init_threads(requested: Option<usize>) -> usize {
-    let n = requested
-        .or_else(|| std::env::var("PBRL_THREADS").ok().and_then(|v| v.parse().ok()))
-        .filter(|&n| n > 0)
-        .unwrap_or_else(num_cpus::get_physical);
+    let n = requested.filter(|&n| n > 0).unwrap_or_else(num_cpus::get_physical);
     // candle reads RAYON_NUM_THREADS (gemm, rayon) and CANDLE_NUM_THREADS (its barrier pool).
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     std::env::set_var("CANDLE_NUM_THREADS", n.to_string());

@@ -14,7 +14,14 @@ fn main() -> ExitCode {
     std::env::set_var("RUST_LIB_BACKTRACE", "0");
     let cli = Cli::parse();
     init_logging(cli.verbose);
-    pbrl::device::init_threads(cli.threads);
+    let threads = match pbrl::device::requested_threads(cli.threads) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    pbrl::device::init_threads(threads);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

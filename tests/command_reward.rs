@@ -56,3 +56,29 @@ fn failing_programs_give_clear_errors() {
     let e = format!("{:#}", CommandReward::spawn(&["/nonexistent/reward-program".into()], 1.0).err().unwrap());
     assert!(e.contains("cannot start reward command `/nonexistent/reward-program`"), "{e}");
 }
+
+/// A reward program's own children end with it: pbrl starts it in its own process group and
+/// ends the group.
+#[test]
+fn the_reward_programs_children_do_not_outlive_it() {
+    let d = tempfile::tempdir().unwrap();
+    let pidfile = d.path().join("child.pid");
+    let code = format!(
+        "import json, subprocess, sys\np = subprocess.Popen(['sleep', '300'])\nopen({:?}, 'w').write(str(p.pid))\n\
+         for line in sys.stdin:\n    n = len(json.loads(line)['completions'][0])\n    print(json.dumps({{'rewards': [0.0] * n}}), flush=True)\n",
+        pidfile.display().to_string()
+    );
+    let mut cmd = CommandReward::spawn(&python(&code), 30.0).unwrap();
+    cmd.score_batch(&item(), &["p".into(), "q".into()], &joints()).unwrap();
+    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    drop(cmd);
+    let alive = || {
+        std::path::Path::new(&format!("/proc/{pid}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
+    };
+    let start = std::time::Instant::now();
+    while alive() && start.elapsed().as_secs() < 5 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(!alive(), "the reward program's child {pid} outlived it");
+}

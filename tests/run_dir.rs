@@ -157,3 +157,129 @@ fn eval_reports_of_the_same_second_get_distinct_names() {
     let n = std::fs::read_dir(d.join("run/eval")).unwrap().count();
     assert_eq!(n, 3, "one report per eval");
 }
+
+#[test]
+fn hostile_values_are_refused_with_their_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_train_epochs = 1");
+    let cases: &[(&[&str], &str)] = &[
+        (&["--threads", "0"], "--threads 0"),
+        (&["dpo_beta=nan"], "`dpo_beta` = nan is not a finite number"),
+        (&["agent_learning_rate=-1e-5"], "agent_learning_rate must be > 0"),
+        (&["reward_timeout_s=1e20"], "reward_timeout_s"),
+        (&["max_new_tokens=1000000000000"], "max_new_tokens = 1000000000000"),
+        (&["preference_num_candidates=100000000"], "collect_batch_size × preference_num_candidates"),
+        (&["reward.kind=command"], "reward: missing field `command`"),
+    ];
+    for (args, want) in cases {
+        let mut all = vec!["collect", "--config", "c.toml", "--round", "9"];
+        all.extend_from_slice(args);
+        let e = err(&pbrl(&all, d));
+        assert!(e.contains(want), "{args:?}: {e}");
+        assert!(e.lines().count() == 1 && !e.contains("panicked"), "{args:?}: one line, no panic: {e}");
+    }
+    let o = Command::new(common::pbrl_bin())
+        .args(["collect", "--config", "c.toml", "--round", "9"])
+        .current_dir(d)
+        .env("PBRL_THREADS", "abc")
+        .output()
+        .unwrap();
+    assert!(err(&o).contains("PBRL_THREADS=\"abc\""));
+    // Rewards that overflow once processed: no round file.
+    let e = err(&pbrl(&["collect", "--config", "c.toml", "--round", "9", "reward.scale=0.0", "reward.shift=1e308"], d));
+    assert!(e.contains("overflow"), "{e}");
+    assert!(!d.join("run/preference_replay/iteration_0009.json").exists());
+    // Weights driven to infinity: the agents are not saved.
+    let e = err(&pbrl(&["train-madpo", "--config", "c.toml", "agent_learning_rate=1e39"], d));
+    assert!(e.contains("non-finite"), "{e}");
+    assert!(!d.join("run/agents").exists(), "no agents saved");
+}
+
+/// Kill train-madpo at random moments (seeded), inside epochs, checkpoint saves and the team
+/// save included, resuming each time, until one run completes: the agents equal an
+/// uninterrupted run's bit for bit and no temporary file is left.
+#[test]
+fn killed_at_random_moments_and_resumed_ends_bit_identical() {
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_train_epochs = 24\ncheckpoint_total_limit = 2");
+    for run in ["whole", "killed"] {
+        std::fs::create_dir_all(d.join(format!("{run}/preference_replay"))).unwrap();
+        let round = "preference_replay/iteration_0001.json";
+        std::fs::copy(d.join("run").join(round), d.join(run).join(round)).unwrap();
+    }
+    let t0 = std::time::Instant::now();
+    ok(pbrl(&["train-madpo", "--config", "c.toml", "--run-dir", "whole"], d));
+    let whole = t0.elapsed();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let (mut kills, mut done) = (0, false);
+    let args = || {
+        let resume = d.join("killed/checkpoints").is_dir()
+            && std::fs::read_dir(d.join("killed/checkpoints"))
+                .unwrap()
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("checkpoint-"));
+        let mut args = vec!["train-madpo", "--config", "c.toml", "--run-dir", "killed"];
+        if resume {
+            args.push("--resume");
+        }
+        args
+    };
+    for _ in 0..10 {
+        let args = args();
+        let mut child = Command::new(common::pbrl_bin())
+            .args(&args)
+            .current_dir(d)
+            .env("PBRL_THREADS", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let wait = whole.mul_f64(rng.random_range(0.02..0.4));
+        let start = std::time::Instant::now();
+        while start.elapsed() < wait {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        match child.try_wait().unwrap() {
+            Some(status) => {
+                let out = child.wait_with_output().unwrap();
+                assert!(status.success(), "a resumed run failed: {}", String::from_utf8_lossy(&out.stderr));
+                done = true;
+                break;
+            }
+            None => {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                kills += 1;
+            }
+        }
+    }
+    if !done {
+        ok(pbrl(&args(), d));
+    }
+    eprintln!("{kills} kills before a run completed (uninterrupted run: {whole:?})");
+    for i in 0..2 {
+        let a = std::fs::read(d.join(format!("whole/agents/agent_{i}/model.safetensors"))).unwrap();
+        let b = std::fs::read(d.join(format!("killed/agents/agent_{i}/model.safetensors"))).unwrap();
+        assert!(a == b, "agent {i}: the killed-and-resumed run's weights differ");
+    }
+    let mut temps = Vec::new();
+    let mut stack = vec![d.join("killed")];
+    while let Some(p) = stack.pop() {
+        for e in std::fs::read_dir(&p).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.contains(".tmp-") || name.contains(".old-") {
+                temps.push(e.path());
+            }
+            if e.path().is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    assert!(temps.is_empty(), "temporary files left: {temps:?}");
+}

@@ -27,6 +27,14 @@ pub struct SampleRequest {
     pub seed: u64,
 }
 
+/// Bytes a `sample` call over `rows` requests of up to `seq_len` positions needs at its peak:
+/// the preallocated KV cache of every layer, the logits of every row (and their host copy).
+pub fn sampling_bytes(cfg: &super::ModelConfig, rows: usize, seq_len: usize) -> u128 {
+    let kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim;
+    let (rows, seq) = (rows as u128, seq_len as u128);
+    rows * seq * kv as u128 * 4 + rows * cfg.vocab_size as u128 * 4 * 2
+}
+
 /// Generated token ids per request (the stop token included when one was produced).
 pub fn sample(
     model: &CausalLm,

@@ -42,12 +42,10 @@ pub struct Progress {
 
 const FINISHED: &str = "finished.json";
 
-/// How a training run ended: its epochs and the digests of the agents it saved (a resume that
-/// extends it starts from those agents, so they stand in for its starting weights).
+/// How a training run ended: the epochs it was asked for and completed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Finished {
     pub epochs: u64,
-    pub agents: Vec<String>,
 }
 
 /// Mark the newest checkpoint as the last of a finished run (`finished.json` inside it).

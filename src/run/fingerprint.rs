@@ -2,7 +2,7 @@
 //! under a changed setup is refused with the fields that differ: every config key that can
 //! change the trained weights or the exported files (all of them but a short list of
 //! bookkeeping keys below), the sha256 of each round file trained on, and the sha256 of each
-//! actor's starting weights.
+//! actor's configured model source.
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
@@ -101,8 +101,12 @@ impl Fingerprint {
         for (n, path) in rounds {
             m.insert(format!("round {n:04}"), file_digest(path)?);
         }
+        let mut digests: BTreeMap<&String, String> = BTreeMap::new();
         for (i, s) in sources.iter().enumerate() {
-            m.insert(format!("actor {i} starting weights"), source_digest(s)?);
+            if !digests.contains_key(s) {
+                digests.insert(s, source_digest(s)?);
+            }
+            m.insert(format!("actor {i} model"), digests[s].clone());
         }
         Ok(Self(m))
     }

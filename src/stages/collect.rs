@@ -15,7 +15,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::agents::{check_context, load_team};
+use crate::agents::{check_fits, load_team};
 use crate::collab::Collaboration;
 use crate::config::Config;
 use crate::model::sampling::{sample, SampleRequest};
@@ -40,6 +40,11 @@ pub struct CollectReport {
     pub num_pairs: usize,
 }
 
+/// Sampling requests per collection batch: every candidate of every item in it.
+fn batch_rows(cfg: &Config) -> usize {
+    (cfg.collect_batch_size as usize).saturating_mul(cfg.preference_num_candidates as usize)
+}
+
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<CollectReport> {
     let train_file =
         cfg.task.train_file.as_ref().context("task.train_file is not set: pbrl collect needs task items")?;
@@ -59,7 +64,8 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     let n_cand = cfg.preference_num_candidates as usize;
     let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
     let team = load_team(cfg, run_dir)?;
-    check_context(&team, &items, cfg.max_new_tokens as usize, "train")?;
+    let rows = (batch_rows(cfg), "collect_batch_size × preference_num_candidates");
+    check_fits(&team, &items, cfg.max_new_tokens as usize, rows, "train")?;
     let collab = Collaboration::from_config(cfg);
     let params = sampling_params(cfg);
 
@@ -107,6 +113,14 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
                 bail!("the reward of train item {} is not finite ({bad})", first + j);
             }
             let mean = scores.iter().sum::<f64>() / scores.len() as f64;
+            let (lo, hi) = scores.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+            if !mean.is_finite() || !(hi - lo).is_finite() {
+                bail!(
+                    "train item {}: its processed rewards (up to {hi:e}) overflow when averaged or compared; lower \
+                     reward.scale / reward.shift (nothing was written)",
+                    first + j
+                );
+            }
             let mut rng =
                 ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[purpose::PAIRS, round as u64, (first + j) as u64]));
             let chosen = select_pairs(&scores, mode, per_sample, &mut rng);

@@ -11,7 +11,7 @@
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
-use crate::agents::{check_context, load_team, Agent};
+use crate::agents::{check_fits, load_team, Agent};
 use crate::collab::Collaboration;
 use crate::config::Config;
 use crate::model::sampling::{sample, SampleRequest, SamplingParams};
@@ -108,7 +108,7 @@ pub fn evaluate(
     reward: &mut dyn TaskReward,
     processor: RewardProcessor,
 ) -> Result<Evaluation> {
-    check_context(team, items, cfg.max_new_tokens as usize, "eval")?;
+    check_fits(team, items, cfg.max_new_tokens as usize, cfg.eval_rows(), "eval")?;
     let params = sampling_params(cfg);
     let k = cfg.eval_samples_per_item as usize;
     let collab = Collaboration::from_config(cfg);
@@ -162,6 +162,10 @@ pub fn evaluate(
     }
     bar.finish_and_clear();
     let reward_stderr = stderr_over_items(&rewards, k);
+    let mean = rewards.iter().sum::<f64>() / rewards.len().max(1) as f64;
+    if !(mean.is_finite() && reward_stderr.is_finite()) {
+        bail!("the eval rewards overflow when averaged (mean {mean}, standard error {reward_stderr}); lower reward.scale / reward.shift");
+    }
     Ok(Evaluation { records, rewards, reward_stderr, tokens: generated })
 }
 

@@ -18,7 +18,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::agents::{check_context, load_team, Agent};
+use crate::agents::{check_fits, load_team, Agent};
 use crate::algo::madpo::{accuracy, agent_loss, joint_margins, other_margins};
 use crate::collab::Collaboration;
 use crate::config::Config;
@@ -31,7 +31,7 @@ use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
 use crate::run::checkpoint::{self, Progress};
-use crate::run::fingerprint::{source_digest, Fingerprint};
+use crate::run::fingerprint::Fingerprint;
 use crate::run::team::save_team;
 use crate::run::RunDir;
 use crate::stages::eval::{eval_items, evaluate, sampling_params};
@@ -215,8 +215,9 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
     let dir = cfg.replay_dir();
     let round_files: Vec<(u32, std::path::PathBuf)> = rounds.iter().map(|&r| (r, round_path(&dir, r))).collect();
     let round_refs: Vec<(u32, &std::path::Path)> = round_files.iter().map(|(r, p)| (*r, p.as_path())).collect();
-    let sources: Vec<String> = team.iter().map(|a| a.model.source.clone()).collect();
-    progress.fingerprint = Fingerprint::of_training(cfg, &round_refs, &sources)?;
+    // The configured sources, not the team as loaded: resuming restores every weight from the
+    // checkpoint, and a run that finished has replaced the team it started from.
+    progress.fingerprint = Fingerprint::of_training(cfg, &round_refs, &cfg.agent_sources()?)?;
     progress.num_train_epochs = cfg.num_train_epochs as u64;
     if opts.resume {
         let (num, path) = checkpoint::list(&run_dir.root)?.pop().with_context(|| {
@@ -232,17 +233,6 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
                     run_dir.root.display(),
                     f.epochs
                 );
-            }
-            // Extending a finished run: the team now loads the agents it saved; those must be
-            // untouched, and the run's own starting weights stand for them.
-            for (i, digest) in f.agents.iter().enumerate() {
-                let key = format!("actor {i} starting weights");
-                if progress.fingerprint.0.get(&key) != Some(digest) {
-                    bail!("--resume: agents/agent_{i} changed since the training run finished; train without --resume");
-                }
-                if let Some(start) = saved.fingerprint.0.get(&key) {
-                    progress.fingerprint.0.insert(key, start.clone());
-                }
             }
         }
         let changed = saved.fingerprint.differences(&progress.fingerprint);
@@ -276,7 +266,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
     }
     let eval_set = if cfg.eval_interval > 0 { eval_items(cfg)? } else { None };
     if let Some(items) = &eval_set {
-        check_context(&team, items, cfg.max_new_tokens as usize, "eval")?;
+        check_fits(&team, items, cfg.max_new_tokens as usize, cfg.eval_rows(), "eval")?;
     }
     let mut eval_reward = match &eval_set {
         Some(_) => Some(build_reward(&cfg.reward, cfg.reward_timeout_s)?),
@@ -357,8 +347,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
     }
     bar.finish_and_clear();
     save_team(run_dir, &models, &sampling_params(cfg))?;
-    let agents = (0..n).map(|i| source_digest(&run_dir.agent(i).display().to_string())).collect::<Result<_>>()?;
-    checkpoint::mark_finished(&run_dir.root, &checkpoint::Finished { epochs: progress.epoch, agents })?;
+    checkpoint::mark_finished(&run_dir.root, &checkpoint::Finished { epochs: progress.epoch })?;
     println!(
         "trained {n} agents on {} pairs from rounds {rounds:?}: {} updates in {:.1} s; agents saved in {}",
         pairs.len(),

@@ -4,6 +4,7 @@
 //! "items": [task item, ...]}` (one entry per joint response), and reads one line back,
 //! `{"rewards": [float, ...]}`.
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
@@ -39,8 +40,10 @@ impl CommandReward {
         let (prog, args) =
             command.split_first().context("reward.command is empty: give the program and its arguments")?;
         let name = command.join(" ");
+        // Its own process group, so that ending it ends every process it started too.
         let mut child = Command::new(prog)
             .args(args)
+            .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -73,7 +76,9 @@ impl CommandReward {
                 }
             }
         });
-        Ok(Self { name, child, stdin, lines, stderr_tail, timeout: Duration::from_secs_f64(timeout_s) })
+        let timeout = Duration::try_from_secs_f64(timeout_s)
+            .map_err(|_| anyhow::anyhow!("reward_timeout_s = {timeout_s} is not a usable number of seconds"))?;
+        Ok(Self { name, child, stdin, lines, stderr_tail, timeout })
     }
 
     fn fail(&mut self, what: String) -> anyhow::Error {
@@ -150,7 +155,12 @@ impl TaskReward for CommandReward {
 
 impl Drop for CommandReward {
     fn drop(&mut self) {
-        // Closing stdin ends a well-behaved program; a stuck one is killed.
+        // Closing stdin ends a well-behaved program; a stuck one is killed, with every process
+        // of its group (the children it started).
+        // SAFETY: signalling the process group the child leads (its pgid is its pid).
+        unsafe {
+            libc::kill(-(self.child.id() as libc::pid_t), libc::SIGKILL);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

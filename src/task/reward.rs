@@ -77,7 +77,11 @@ impl RewardProcessor {
 /// Parse a reward's parameters from the `[reward]` table, naming the key on error.
 fn params<T: serde::de::DeserializeOwned>(cfg: &RewardConfig) -> Result<T> {
     serde_path_to_error::deserialize(toml::Value::Table(cfg.params.clone()))
-        .map_err(|e| anyhow::anyhow!("reward.{}: {}", e.path(), e.inner().message()))
+        .map_err(|e| {
+            let path = e.path().to_string();
+            let at = if path == "." || path.is_empty() { String::new() } else { format!(".{path}") };
+            anyhow::anyhow!("reward{at}: {}", e.inner().message())
+        })
         .with_context(|| format!("[reward] parameters for kind `{}`", cfg.kind))
 }
 
