@@ -346,6 +346,16 @@ impl Config {
         toml::to_string(self).expect("config serializes")
     }
 
+    /// The sampling settings every stage uses (collection, evaluation, exported agents).
+    pub fn sampling(&self) -> crate::model::SamplingParams {
+        crate::model::SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k.map(|k| k as usize),
+            max_new_tokens: self.max_new_tokens as usize,
+        }
+    }
+
     /// Sampling requests per evaluation batch, and the keys that set it.
     pub fn eval_rows(&self) -> (usize, &'static str) {
         let rows = (self.eval_batch_size as usize).saturating_mul(self.eval_samples_per_item as usize);

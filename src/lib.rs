@@ -2,12 +2,11 @@
 //!
 //! Data flows one way: command line → [`config`] → a stage in [`stages`] → the task, the team
 //! of agents and the [`model`] runtime → candle.
-pub mod agents;
 pub mod algo;
 pub mod cli;
-pub mod collab;
 pub mod config;
 pub mod device;
+pub mod evaluation;
 pub mod model;
 pub mod optim;
 pub mod prefs;
@@ -16,3 +15,4 @@ pub mod rng;
 pub mod run;
 pub mod stages;
 pub mod task;
+pub mod team;

@@ -6,10 +6,10 @@ mod common;
 
 use candle_core::{DType, Device};
 use pbrl::algo::madpo::other_margins;
+use pbrl::algo::madpo_batch::{agent_objective, agent_rows, batch_margins, margin_values};
 use pbrl::model::scoring::LastToken;
 use pbrl::model::LoadedModel;
 use pbrl::prefs::PreferencePair;
-use pbrl::stages::train_madpo::{agent_objective, agent_rows, batch_margins, margin_values};
 use serde_json::Value;
 
 fn check(scorer: &str, last: LastToken) {

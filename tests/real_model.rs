@@ -70,9 +70,9 @@ fn smollm2_tokenizer_chat_template_logits_and_greedy_match_transformers() {
 #[test]
 fn smollm2_as_a_transformers_5_directory_equals_the_gguf() {
     use pbrl::algo::madpo::other_margins;
+    use pbrl::algo::madpo_batch::{agent_objective, agent_rows, batch_margins, margin_values};
     use pbrl::model::scoring::LastToken;
     use pbrl::prefs::RoundFile;
-    use pbrl::stages::train_madpo::{agent_objective, agent_rows, batch_margins, margin_values};
     common::init();
     let dir = common::repo().join("models/smollm2-hf");
     if !dir.join("config.json").is_file() {

@@ -15,18 +15,17 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::agents::{check_fits, load_team};
-use crate::collab::Collaboration;
 use crate::config::Config;
-use crate::model::sampling::{sample, SampleRequest};
 use crate::prefs::distribution::{distribution_record, histogram, svg};
 use crate::prefs::selection::{select_pairs, PairSelection};
 use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
 use crate::run::{atomic_write, RunDir};
-use crate::stages::eval::sampling_params;
 use crate::task::{load_items, reward::build_reward};
+use crate::team::collab::Collaboration;
+use crate::team::rollout::rollout;
+use crate::team::{check_fits, load_team};
 
 pub struct CollectOptions {
     /// Write this round number instead of the next free one.
@@ -67,7 +66,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     let rows = (batch_rows(cfg), "collect_batch_size × preference_num_candidates");
     check_fits(&team, &items, cfg.max_new_tokens as usize, rows, "train")?;
     let collab = Collaboration::from_config(cfg);
-    let params = sampling_params(cfg);
+    let params = cfg.sampling();
 
     let bar = progress::bar(items.len() as u64, "collect");
     let started = std::time::Instant::now();
@@ -79,33 +78,17 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     let batch_items = cfg.collect_batch_size as usize;
     for (b, batch) in items.chunks(batch_items).enumerate() {
         let first = b * batch_items;
-        // prompts[a][j]; texts[a][j][k]: agent a, item j of the batch, candidate k.
-        let mut prompts = Vec::with_capacity(team.len());
-        let mut texts = Vec::with_capacity(team.len());
-        for agent in &team {
-            let tok = &agent.model.tokenizer;
-            let agent_prompts = batch.iter().map(|it| agent.prompt_for(it)).collect::<Result<Vec<_>>>()?;
-            let mut requests = Vec::with_capacity(batch.len() * n_cand);
-            for (j, p) in agent_prompts.iter().enumerate() {
-                let ids = tok.encode(p)?;
-                for k in 0..n_cand {
-                    let path = [purpose::COLLECT, round as u64, (first + j) as u64, agent.index as u64, k as u64];
-                    requests.push(SampleRequest { prompt: ids.clone(), seed: derive_seed(cfg.seed, &path) });
-                }
-            }
-            let out = sample(&agent.model.model, &requests, &params, &tok.stop_ids, tok.pad_id, |n| {
-                generated += n;
-                let rate = generated as f64 / started.elapsed().as_secs_f64();
-                bar.set_message(format!("{} pairs, {rate:.1} tok/s", pairs.len()));
-            })?;
-            let decoded = out.iter().map(|ids| tok.decode(ids)).collect::<Result<Vec<_>>>()?;
-            texts.push(decoded.chunks(n_cand).map(|c| c.to_vec()).collect::<Vec<_>>());
-            prompts.push(agent_prompts);
-        }
+        let seed = |j: usize, a: usize, k: usize| {
+            derive_seed(cfg.seed, &[purpose::COLLECT, round as u64, (first + j) as u64, a as u64, k as u64])
+        };
+        let out = rollout(&team, batch, n_cand, &params, seed, |n| {
+            generated += n;
+            let rate = generated as f64 / started.elapsed().as_secs_f64();
+            bar.set_message(format!("{} pairs, {rate:.1} tok/s", pairs.len()));
+        })?;
         for (j, item) in batch.iter().enumerate() {
-            let item_prompts: Vec<String> = prompts.iter().map(|a| a[j].clone()).collect();
-            let joints: Vec<Vec<String>> =
-                (0..n_cand).map(|k| texts.iter().map(|a| a[j][k].clone()).collect()).collect();
+            let item_prompts = out.prompts[j].clone();
+            let joints: Vec<Vec<String>> = (0..n_cand).map(|k| out.texts(j, k)).collect();
             let roles: Vec<Vec<String>> = joints.iter().map(|j| collab.role_outputs(j)).collect();
             let raw = reward.score_batch(item, &collab.reward_prompts(item, &item_prompts)?, &roles)?;
             let scores: Vec<f64> = raw.iter().map(|&r| processor.apply(r)).collect();

@@ -12,19 +12,20 @@
 //!    skips the step);
 //! 4. checkpoint every `checkpoint_interval` epochs; save the agents to `<run_dir>/agents/`.
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Tensor};
+use candle_core::DType;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::agents::{check_fits, load_team, Agent};
-use crate::algo::madpo::{accuracy, agent_loss, joint_margins, other_margins};
-use crate::collab::Collaboration;
+use crate::algo::madpo::{accuracy, joint_margins, other_margins};
+use crate::algo::madpo_batch::{agent_objective, agent_rows, batch_margins, margin_values, scorer};
 use crate::config::Config;
-use crate::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
-use crate::model::tokenizer::ChatTokenizer;
-use crate::model::{LoadedModel, Mode};
+use crate::model::scoring::LastToken;
+use crate::team::collab::Collaboration;
+use crate::team::{check_fits, load_team, Agent};
+
+use crate::evaluation::{eval_items, evaluate};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::prefs::replay::{plan, sample};
 use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
@@ -34,7 +35,6 @@ use crate::run::checkpoint::{self, Progress};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::team::save_team;
 use crate::run::RunDir;
-use crate::stages::eval::{eval_items, evaluate, sampling_params};
 use crate::task::reward::build_reward;
 
 pub struct TrainOptions {
@@ -75,33 +75,6 @@ fn training_pairs(cfg: &Config) -> Result<(Vec<PreferencePair>, Vec<u32>)> {
     Ok((pairs, used))
 }
 
-/// Actor `a`'s (winner, loser) rows for a batch, re-tokenized from the stored text.
-///
-/// The reference scorer (`LastToken::Exclude`) sees the completion without its end-of-turn
-/// token (generation pads with it and the scorer trims at the first pad) and leaves the last
-/// content token out. With `LastToken::Include` every token the actor produced is scored: the
-/// end-of-turn token is put back on completions that ended, those shorter than `max_new_tokens`;
-/// one cut off at the limit gets none, so an actor is never taught to stop where it did not.
-pub fn agent_rows(
-    tok: &ChatTokenizer,
-    a: usize,
-    batch: &[&PreferencePair],
-    max_new_tokens: usize,
-    last: LastToken,
-) -> Result<Vec<ScoreRow>> {
-    let eos = tok.stop_ids[0];
-    let row = |prompt: &str, completion: &str| -> Result<ScoreRow> {
-        let mut c = tok.encode(completion)?;
-        if last == LastToken::Include && c.len() < max_new_tokens {
-            c.push(eos);
-        }
-        Ok(ScoreRow { prompt: tok.encode(prompt)?, completion: c })
-    };
-    let winners = batch.iter().map(|p| row(&p.prompts[a], &p.winner_completions[a]));
-    let losers = batch.iter().map(|p| row(&p.prompts[a], &p.loser_completions[a]));
-    winners.chain(losers).collect()
-}
-
 /// Refuse, before training, a pair whose re-tokenized prompt and completion do not fit an actor's
 /// context.
 fn check_pairs_fit(team: &[Agent], pairs: &[PreferencePair], max_new_tokens: usize, last: LastToken) -> Result<()> {
@@ -124,44 +97,6 @@ fn check_pairs_fit(team: &[Agent], pairs: &[PreferencePair], max_new_tokens: usi
     Ok(())
 }
 
-/// Every actor's margins Δ_i(p) = log π_i(winner) − log π_i(loser), (pairs,), differentiable,
-/// all at the weights before any update of the batch. Their values are the fixed margins D_i
-/// that the reference computes in a separate pass without gradients (same weights, same
-/// numbers), so one forward per actor serves both.
-pub fn batch_margins(models: &[&LoadedModel], rows: &[Vec<ScoreRow>], last: LastToken) -> Result<Vec<Tensor>> {
-    models
-        .iter()
-        .zip(rows)
-        .enumerate()
-        .map(|(i, (m, r))| {
-            let pairs = r.len() / 2;
-            let lp = sequence_log_probs(&m.model, r, last, m.tokenizer.pad_id, Mode::Train)
-                .with_context(|| format!("agent {i}: scoring the batch's completions"))?;
-            Ok((lp.narrow(0, 0, pairs)? - lp.narrow(0, pairs, pairs)?)?)
-        })
-        .collect()
-}
-
-/// The margins' values, `d[i][p]`, as fixed numbers (no gradient flows through them).
-pub fn margin_values(margins: &[Tensor]) -> Result<Vec<Vec<f64>>> {
-    margins.iter().map(|m| Ok(m.to_dtype(DType::F64)?.to_vec1::<f64>()?)).collect()
-}
-
-/// Actor i's MADPO loss: its own differentiable margins against the others' fixed Σ_{j≠i} D_j.
-pub fn agent_objective(own: &Tensor, others: &[f64], beta: f64) -> Result<Tensor> {
-    agent_loss(own, &Tensor::new(others, own.device())?, beta)
-}
-
-/// The scorer MADPO uses: the joint full-token scorer for a centralized actor (§6.3), else the
-/// decentralized one, which leaves the last token out unless `score_last_token` (§6.2).
-pub fn scorer(cfg: &Config) -> LastToken {
-    if Collaboration::from_config(cfg).is_centralized() || cfg.score_last_token {
-        LastToken::Include
-    } else {
-        LastToken::Exclude
-    }
-}
-
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainReport> {
     let (pairs, rounds) = training_pairs(cfg)?;
     if pairs.is_empty() {
@@ -178,7 +113,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
         );
     }
     let team = load_team(cfg, run_dir)?;
-    let last = scorer(cfg);
+    let last = scorer(Collaboration::from_config(cfg).is_centralized(), cfg.score_last_token);
     check_pairs_fit(&team, &pairs, cfg.max_new_tokens as usize, last)?;
     let adam = AdamWConfig::torch_defaults(cfg.agent_learning_rate);
     let mut optims = team
@@ -346,7 +281,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
         }
     }
     bar.finish_and_clear();
-    save_team(run_dir, &models, &sampling_params(cfg))?;
+    save_team(run_dir, &models, &cfg.sampling())?;
     checkpoint::mark_finished(&run_dir.root, &checkpoint::Finished { epochs: progress.epoch })?;
     println!(
         "trained {n} agents on {} pairs from rounds {rounds:?}: {} updates in {:.1} s; agents saved in {}",

@@ -3,13 +3,16 @@
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
-use crate::collab::{joint_prompt, Collaboration};
 use crate::config::{Config, DeviceSpec};
 use crate::device::parse_device;
 use crate::model::LoadedModel;
 use crate::run::team::saved_team;
 use crate::run::RunDir;
 use crate::task::{render_template, TaskItem};
+use crate::team::collab::{joint_prompt, Collaboration};
+
+pub mod collab;
+pub mod rollout;
 
 pub struct Agent {
     pub index: usize,

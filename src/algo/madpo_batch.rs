@@ -1,0 +1,76 @@
+//! MADPO's batch glue between preference pairs and the model: the rows each actor scores,
+//! every actor's margins in one forward, and an actor's objective (the loss itself is
+//! `madpo.rs`). Shared by `train-madpo` and the tests against CoMLRL.
+use anyhow::{Context, Result};
+use candle_core::{DType, Tensor};
+
+use super::madpo::agent_loss;
+use crate::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
+use crate::model::tokenizer::ChatTokenizer;
+use crate::model::{LoadedModel, Mode};
+use crate::prefs::PreferencePair;
+
+/// Actor `a`'s (winner, loser) rows for a batch, re-tokenized from the stored text.
+///
+/// The reference scorer (`LastToken::Exclude`) sees the completion without its end-of-turn
+/// token (generation pads with it and the scorer trims at the first pad) and leaves the last
+/// content token out. With `LastToken::Include` every token the actor produced is scored: the
+/// end-of-turn token is put back on completions that ended, those shorter than `max_new_tokens`;
+/// one cut off at the limit gets none, so an actor is never taught to stop where it did not.
+pub fn agent_rows(
+    tok: &ChatTokenizer,
+    a: usize,
+    batch: &[&PreferencePair],
+    max_new_tokens: usize,
+    last: LastToken,
+) -> Result<Vec<ScoreRow>> {
+    let eos = tok.stop_ids[0];
+    let row = |prompt: &str, completion: &str| -> Result<ScoreRow> {
+        let mut c = tok.encode(completion)?;
+        if last == LastToken::Include && c.len() < max_new_tokens {
+            c.push(eos);
+        }
+        Ok(ScoreRow { prompt: tok.encode(prompt)?, completion: c })
+    };
+    let winners = batch.iter().map(|p| row(&p.prompts[a], &p.winner_completions[a]));
+    let losers = batch.iter().map(|p| row(&p.prompts[a], &p.loser_completions[a]));
+    winners.chain(losers).collect()
+}
+
+/// Every actor's margins Δ_i(p) = log π_i(winner) − log π_i(loser), (pairs,), differentiable,
+/// all at the weights before any update of the batch. Their values are the fixed margins D_i
+/// that the reference computes in a separate pass without gradients (same weights, same
+/// numbers), so one forward per actor serves both.
+pub fn batch_margins(models: &[&LoadedModel], rows: &[Vec<ScoreRow>], last: LastToken) -> Result<Vec<Tensor>> {
+    models
+        .iter()
+        .zip(rows)
+        .enumerate()
+        .map(|(i, (m, r))| {
+            let pairs = r.len() / 2;
+            let lp = sequence_log_probs(&m.model, r, last, m.tokenizer.pad_id, Mode::Train)
+                .with_context(|| format!("agent {i}: scoring the batch's completions"))?;
+            Ok((lp.narrow(0, 0, pairs)? - lp.narrow(0, pairs, pairs)?)?)
+        })
+        .collect()
+}
+
+/// The margins' values, `d[i][p]`, as fixed numbers (no gradient flows through them).
+pub fn margin_values(margins: &[Tensor]) -> Result<Vec<Vec<f64>>> {
+    margins.iter().map(|m| Ok(m.to_dtype(DType::F64)?.to_vec1::<f64>()?)).collect()
+}
+
+/// Actor i's MADPO loss: its own differentiable margins against the others' fixed Σ_{j≠i} D_j.
+pub fn agent_objective(own: &Tensor, others: &[f64], beta: f64) -> Result<Tensor> {
+    agent_loss(own, &Tensor::new(others, own.device())?, beta)
+}
+
+/// The scorer MADPO uses: the joint full-token scorer for a centralized actor (§6.3), else the
+/// decentralized one, which leaves the last token out unless `score_last_token` (§6.2).
+pub fn scorer(centralized: bool, score_last_token: bool) -> LastToken {
+    if centralized || score_last_token {
+        LastToken::Include
+    } else {
+        LastToken::Exclude
+    }
+}

@@ -1,0 +1,70 @@
+//! One rollout function for every stage that samples: each actor of the team answers every item
+//! `n` times (collection candidates, evaluation samples; next, RL rollouts), each request with
+//! its own seeded stream, all of an actor's requests in one batched call.
+use anyhow::Result;
+
+use super::Agent;
+use crate::model::sampling::{sample, SampleRequest, SamplingParams};
+use crate::task::TaskItem;
+
+/// What an actor produced for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// Generated token ids, the stop token included when one was produced.
+    pub ids: Vec<u32>,
+    /// The decoded text, special tokens removed.
+    pub text: String,
+    /// It ended with a stop token (not cut at `max_new_tokens`).
+    pub finished: bool,
+}
+
+/// The joint responses of a team to a batch of items.
+#[derive(Debug, Clone)]
+pub struct Rollout {
+    /// `prompts[j][a]`: the exact text actor `a` was given for item `j`.
+    pub prompts: Vec<Vec<String>>,
+    /// `responses[j][k][a]`: actor `a`'s completion in joint response `k` of item `j`.
+    pub responses: Vec<Vec<Vec<Completion>>>,
+}
+
+impl Rollout {
+    /// The actors' texts of joint response `k` of item `j`.
+    pub fn texts(&self, j: usize, k: usize) -> Vec<String> {
+        self.responses[j][k].iter().map(|c| c.text.clone()).collect()
+    }
+}
+
+/// Every actor answers each item `n` times; request (item `j`, actor `a`, response `k`) is
+/// sampled with the stream `seed(j, a, k)`. `on_tokens` hears of every decoding step's tokens.
+pub fn rollout(
+    team: &[Agent],
+    items: &[TaskItem],
+    n: usize,
+    params: &SamplingParams,
+    seed: impl Fn(usize, usize, usize) -> u64,
+    mut on_tokens: impl FnMut(usize),
+) -> Result<Rollout> {
+    let mut prompts: Vec<Vec<String>> = vec![Vec::with_capacity(team.len()); items.len()];
+    let mut responses: Vec<Vec<Vec<Completion>>> = vec![vec![Vec::with_capacity(team.len()); n]; items.len()];
+    for agent in team {
+        let tok = &agent.model.tokenizer;
+        let texts = items.iter().map(|it| agent.prompt_for(it)).collect::<Result<Vec<_>>>()?;
+        let mut requests = Vec::with_capacity(items.len() * n);
+        for (j, t) in texts.iter().enumerate() {
+            let ids = tok.encode(t)?;
+            for k in 0..n {
+                requests.push(SampleRequest { prompt: ids.clone(), seed: seed(j, agent.index, k) });
+            }
+        }
+        let out = sample(&agent.model.model, &requests, params, &tok.stop_ids, tok.pad_id, &mut on_tokens)?;
+        for (r, ids) in out.into_iter().enumerate() {
+            let finished = ids.last().is_some_and(|t| tok.stop_ids.contains(t));
+            let text = tok.decode(&ids)?;
+            responses[r / n][r % n].push(Completion { ids, text, finished });
+        }
+        for (j, t) in texts.into_iter().enumerate() {
+            prompts[j].push(t);
+        }
+    }
+    Ok(Rollout { prompts, responses })
+}
