@@ -9,8 +9,16 @@
 //! split, not largest remainder), then takes that many pairs from each round without repetition
 //! (cycling through shuffled full copies when a round has fewer pairs than it was given), and
 //! shuffles the lot.
+use std::path::Path;
+
+use anyhow::{bail, Result};
+
 use rand::seq::{IndexedRandom, SliceRandom};
-use rand::Rng;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::{existing_rounds, round_path, PreferencePair, RoundFile};
+use crate::rng::{derive_seed, purpose};
 
 /// `preference_replay_mode` with its parameter.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -117,7 +125,7 @@ pub fn plan(
 }
 
 /// Draw the pairs of a plan (`load(round)` gives a round's records) and shuffle them together.
-pub fn sample<T: Clone>(
+pub fn draw<T: Clone>(
     plan: &[(u32, usize)],
     mode: ReplayMode,
     mut load: impl FnMut(u32) -> anyhow::Result<Vec<T>>,
@@ -135,6 +143,39 @@ pub fn sample<T: Clone>(
     }
     out.shuffle(rng);
     Ok(out)
+}
+
+/// The pairs a training phase uses: the replay selection over the non-empty rounds.
+/// `seed` is the run's; `size` is `preference_replay_sample_size`. Returns the pairs and the
+/// round numbers they came from.
+pub fn training_pairs(
+    dir: &Path,
+    seed: u64,
+    mode: ReplayMode,
+    size: Option<usize>,
+) -> Result<(Vec<PreferencePair>, Vec<u32>)> {
+    let numbers = existing_rounds(dir)?;
+    if numbers.is_empty() {
+        bail!("no preference rounds in {}; run `pbrl collect` first", dir.display());
+    }
+    let mut rounds = Vec::new();
+    for n in &numbers {
+        let r = RoundFile::load(&round_path(dir, *n))?;
+        if r.num_pairs > 0 {
+            rounds.push((*n, r.num_pairs));
+        }
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(seed, &[purpose::REPLAY, *numbers.last().unwrap() as u64]));
+    // `current` is the newest round even when it is empty.
+    let chosen = if mode == ReplayMode::Current {
+        let newest = *numbers.last().unwrap();
+        rounds.iter().find(|(n, _)| *n == newest).map(|&(n, c)| vec![(n, c)]).unwrap_or_default()
+    } else {
+        plan(&rounds, mode, size, &mut rng)
+    };
+    let used = chosen.iter().map(|(n, _)| *n).collect();
+    let pairs = draw(&chosen, mode, |n| Ok(RoundFile::load(&round_path(dir, n))?.pairs), &mut rng)?;
+    Ok((pairs, used))
 }
 
 #[cfg(test)]
@@ -205,10 +246,10 @@ mod tests {
     fn sampling_is_seeded_and_draws_from_the_planned_rounds() {
         let load = |r: u32| -> anyhow::Result<Vec<(u32, usize)>> { Ok((0..3).map(|i| (r, i)).collect()) };
         let p = vec![(1, 2), (2, 4)];
-        let a = sample(&p, ReplayMode::AllHistory, load, &mut rng(9)).unwrap();
-        assert_eq!(a, sample(&p, ReplayMode::AllHistory, load, &mut rng(9)).unwrap());
+        let a = draw(&p, ReplayMode::AllHistory, load, &mut rng(9)).unwrap();
+        assert_eq!(a, draw(&p, ReplayMode::AllHistory, load, &mut rng(9)).unwrap());
         assert_eq!(a.len(), 6);
         assert_eq!(a.iter().filter(|(r, _)| *r == 1).count(), 2);
-        assert_eq!(sample(&[(2, 3)], ReplayMode::Current, load, &mut rng(0)).unwrap(), load(2).unwrap());
+        assert_eq!(draw(&[(2, 3)], ReplayMode::Current, load, &mut rng(0)).unwrap(), load(2).unwrap());
     }
 }

@@ -27,8 +27,8 @@ use crate::team::{check_fits, load_team, Agent};
 
 use crate::evaluation::{eval_items, evaluate};
 use crate::optim::{AdamW, AdamWConfig};
-use crate::prefs::replay::{plan, sample};
-use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
+use crate::prefs::replay::training_pairs;
+use crate::prefs::{round_path, PreferencePair};
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
 use crate::run::checkpoint::{self, Progress};
@@ -44,35 +44,6 @@ pub struct TrainOptions {
 pub struct TrainReport {
     pub updates: u64,
     pub num_pairs: usize,
-}
-
-/// The pairs a training phase uses: the replay selection over the non-empty rounds.
-fn training_pairs(cfg: &Config) -> Result<(Vec<PreferencePair>, Vec<u32>)> {
-    let dir = cfg.replay_dir();
-    let numbers = existing_rounds(&dir)?;
-    if numbers.is_empty() {
-        bail!("no preference rounds in {}; run `pbrl collect` first", dir.display());
-    }
-    let mut rounds = Vec::new();
-    for n in &numbers {
-        let r = RoundFile::load(&round_path(&dir, *n))?;
-        if r.num_pairs > 0 {
-            rounds.push((*n, r.num_pairs));
-        }
-    }
-    let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[purpose::REPLAY, *numbers.last().unwrap() as u64]));
-    let mode = cfg.replay_mode();
-    let size = cfg.preference_replay_sample_size.map(|s| s as usize);
-    // `current` is the newest round even when it is empty.
-    let chosen = if mode == crate::prefs::replay::ReplayMode::Current {
-        let newest = *numbers.last().unwrap();
-        rounds.iter().find(|(n, _)| *n == newest).map(|&(n, c)| vec![(n, c)]).unwrap_or_default()
-    } else {
-        plan(&rounds, mode, size, &mut rng)
-    };
-    let used = chosen.iter().map(|(n, _)| *n).collect();
-    let pairs = sample(&chosen, mode, |n| Ok(RoundFile::load(&round_path(&dir, n))?.pairs), &mut rng)?;
-    Ok((pairs, used))
 }
 
 /// Refuse, before training, a pair whose re-tokenized prompt and completion do not fit an actor's
@@ -98,7 +69,7 @@ fn check_pairs_fit(team: &[Agent], pairs: &[PreferencePair], max_new_tokens: usi
 }
 
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainReport> {
-    let (pairs, rounds) = training_pairs(cfg)?;
+    let (pairs, rounds) = training_pairs(&cfg.replay_dir(), cfg.seed, cfg.replay_mode(), cfg.replay_sample_size())?;
     if pairs.is_empty() {
         println!("no non-tied preference pairs in the selected rounds; the agents are unchanged");
         return Ok(TrainReport { updates: 0, num_pairs: 0 });

@@ -1,0 +1,358 @@
+//! The typed configuration: a TOML file with the reference's flat field names and defaults,
+//! `[task]` and `[reward]` tables, and `KEY=VALUE` overrides from the command line.
+//!
+//! Every mistake is reported as one line naming the file, the key and (for syntax errors and
+//! unknown keys) the line: a [`ConfigError`].
+//!
+//! `mod.rs` is the file format (one flat serde struct, so unknown keys keep failing) and the
+//! typed views stages take; `rules.rs` the reference-order validation; `overrides.rs` the
+//! command line's `KEY=VALUE` and the one-line error messages.
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+mod overrides;
+mod rules;
+#[cfg(test)]
+mod tests;
+
+pub use overrides::{closest, Override};
+use overrides::{describe_de_error, line_of, reject_non_finite};
+
+/// A user mistake in the configuration. Printed as one line; exit code 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+pub(crate) fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+/// `Option` fields accept the TOML-less `"none"`/`"null"` string, since TOML has no null.
+fn opt<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OrNone<T> {
+        Value(T),
+        Word(String),
+    }
+    match OrNone::<T>::deserialize(d)? {
+        OrNone::Value(v) => Ok(Some(v)),
+        OrNone::Word(w) if matches!(w.to_lowercase().as_str(), "none" | "null" | "") => Ok(None),
+        OrNone::Word(w) => {
+            Err(serde::de::Error::custom(format!("invalid value `{w}` (use a value of the right type, or \"none\")")))
+        }
+    }
+}
+
+/// One device string for every actor, or one per actor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum DeviceSpec {
+    One(String),
+    PerActor(Vec<String>),
+}
+
+impl DeviceSpec {
+    /// The device string of each of `n` actors.
+    pub fn resolve(spec: Option<&DeviceSpec>, n: usize, key: &str) -> Result<Vec<String>, ConfigError> {
+        match spec {
+            None => Ok(vec!["cpu".to_string(); n]),
+            Some(DeviceSpec::One(s)) if s == "auto" => Ok(vec!["cpu".to_string(); n]),
+            Some(DeviceSpec::One(s)) => Ok(vec![s.clone(); n]),
+            Some(DeviceSpec::PerActor(v)) if v.len() == n => Ok(v.clone()),
+            Some(DeviceSpec::PerActor(v)) => err(format!("{key} has {} entries but there are {n} actors", v.len())),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TaskConfig {
+    /// JSONL: one task item (a JSON object) per line.
+    pub train_file: Option<PathBuf>,
+    pub eval_file: Option<PathBuf>,
+    /// One prompt template per agent; `{field}` is replaced by the item's field.
+    pub formatters: Vec<String>,
+    /// Optional per-agent system prompts for the chat template.
+    pub system_prompts: Option<Vec<String>>,
+    /// Wrap each prompt in the model's chat template.
+    pub chat_template: bool,
+    /// Extra variables for the chat template, as keyword arguments of transformers'
+    /// `apply_chat_template` (`enable_thinking = false` for Qwen3, `date_string` for Llama 3.x).
+    pub chat_template_kwargs: toml::Table,
+}
+
+impl Default for TaskConfig {
+    fn default() -> Self {
+        Self {
+            train_file: None,
+            eval_file: None,
+            formatters: vec!["{prompt}".to_string()],
+            system_prompts: None,
+            chat_template: true,
+            chat_template_kwargs: toml::Table::new(),
+        }
+    }
+}
+
+/// The task reward and its `reward_processor` (x * scale + shift). Parameters of the chosen kind
+/// sit in the same table and are checked by the reward itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RewardConfig {
+    pub kind: String,
+    pub scale: f64,
+    pub shift: f64,
+    #[serde(flatten)]
+    pub params: toml::Table,
+}
+
+impl Default for RewardConfig {
+    fn default() -> Self {
+        Self { kind: "length_ratio".into(), scale: 1.0, shift: 0.0, params: toml::Table::new() }
+    }
+}
+
+/// The whole configuration. Flat fields carry the reference's names and defaults (MADPOConfig).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    // --- pbrl's own keys --------------------------------------------------------------------
+    pub run_dir: PathBuf,
+    pub seed: u64,
+    /// One model source for every agent (GGUF file, HF directory or hub id) ...
+    pub agent_model: Option<String>,
+    /// ... or one per agent (heterogeneous teams).
+    pub agents: Option<Vec<String>>,
+    /// Score the last completion token in the decentralized scorer (the reference drops it).
+    pub score_last_token: bool,
+    /// Seconds to wait for a `kind = "command"` reward program's answer.
+    pub reward_timeout_s: f64,
+    /// Task items per sampling batch during collection (each brings all its candidates).
+    pub collect_batch_size: i64,
+    /// Joint responses sampled per held-out item in an evaluation (the reference samples one);
+    /// more make `eval/turn_1/reward_mean` less noisy.
+    pub eval_samples_per_item: i64,
+    /// [min, max] of the oracle's raw rewards, for `log_reward_distribution`.
+    pub reward_range: Option<[f64; 2]>,
+    /// Write per-round reward histograms to `<run_dir>/reward_distributions/`.
+    pub log_reward_distribution: bool,
+    /// Where round files go (default `<run_dir>/preference_replay`).
+    pub preference_replay_dir: Option<PathBuf>,
+    /// Which stored rounds a training phase sees (reference §9; aliases accepted).
+    pub preference_replay_mode: String,
+    #[serde(deserialize_with = "opt")]
+    pub preference_replay_k: Option<i64>,
+    #[serde(deserialize_with = "opt")]
+    pub preference_replay_lambda: Option<f64>,
+    #[serde(deserialize_with = "opt")]
+    pub preference_replay_sample_size: Option<i64>,
+    /// Write a resumable checkpoint every this many epochs (0: none).
+    pub checkpoint_interval: i64,
+    /// Keep at most this many checkpoints (the newest).
+    #[serde(deserialize_with = "opt")]
+    pub checkpoint_total_limit: Option<i64>,
+
+    // --- reference MADPOConfig fields -------------------------------------------------------
+    pub num_train_epochs: i64,
+    pub agent_learning_rate: f64,
+    pub logging_steps: i64,
+    pub num_agents: i64,
+    pub collaboration_mode: String,
+    pub parallel_training: String,
+    pub agent_devices: Option<DeviceSpec>,
+    pub max_new_tokens: i64,
+    pub temperature: f64,
+    pub top_p: f64,
+    #[serde(deserialize_with = "opt")]
+    pub top_k: Option<i64>,
+    pub num_turns: i64,
+    pub discount: f64,
+    pub joint_mode: String,
+    #[serde(deserialize_with = "opt")]
+    pub early_termination_threshold: Option<f64>,
+    pub external_prompt_passthrough: bool,
+    pub eval_interval: i64,
+    pub eval_num_samples: i64,
+    pub eval_batch_size: i64,
+    pub rollout_buffer_size: i64,
+    #[serde(deserialize_with = "opt")]
+    pub train_batch_size: Option<i64>,
+    pub advantage_normalization: bool,
+    pub advantage_mode: String,
+    pub reference_kl_enabled: bool,
+    pub reference_kl_coef: f64,
+    pub reference_devices: Option<DeviceSpec>,
+    pub preference_num_candidates: i64,
+    #[serde(deserialize_with = "opt")]
+    pub preference_pairs_per_sample: Option<i64>,
+    pub pair_selection: String,
+    pub dpo_beta: f64,
+    pub use_environment_step: bool,
+    pub environment_steps_per_pair: i64,
+
+    pub task: TaskConfig,
+    pub reward: RewardConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            run_dir: PathBuf::from("runs/default"),
+            seed: 42,
+            agent_model: None,
+            agents: None,
+            score_last_token: false,
+            reward_timeout_s: 60.0,
+            collect_batch_size: 1,
+            eval_samples_per_item: 1,
+            reward_range: None,
+            log_reward_distribution: false,
+            preference_replay_dir: None,
+            preference_replay_mode: "current".into(),
+            preference_replay_k: None,
+            preference_replay_lambda: None,
+            preference_replay_sample_size: None,
+            checkpoint_interval: 0,
+            checkpoint_total_limit: None,
+            num_train_epochs: 20,
+            agent_learning_rate: 5e-6,
+            logging_steps: 50,
+            num_agents: 2,
+            collaboration_mode: "decentralized".into(),
+            parallel_training: "none".into(),
+            agent_devices: None,
+            max_new_tokens: 256,
+            temperature: 0.6,
+            top_p: 0.6,
+            top_k: Some(50),
+            num_turns: 1,
+            discount: 1.0,
+            joint_mode: "aligned".into(),
+            early_termination_threshold: None,
+            external_prompt_passthrough: false,
+            eval_interval: 16,
+            eval_num_samples: 4,
+            eval_batch_size: 1,
+            rollout_buffer_size: 2,
+            train_batch_size: None,
+            advantage_normalization: true,
+            advantage_mode: "mean".into(),
+            reference_kl_enabled: false,
+            reference_kl_coef: 0.1,
+            reference_devices: None,
+            preference_num_candidates: 80,
+            preference_pairs_per_sample: Some(16),
+            pair_selection: "reward_gap".into(),
+            dpo_beta: 0.1,
+            use_environment_step: true,
+            environment_steps_per_pair: 2,
+            task: TaskConfig::default(),
+            reward: RewardConfig::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Read a config file, apply the overrides, fill defaults, normalize and validate.
+    pub fn load(path: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read config {}: {e}", path.display())))?;
+        Self::from_toml_str(&text, &path.display().to_string(), overrides)
+    }
+
+    /// `origin` names the file in messages.
+    pub fn from_toml_str(text: &str, origin: &str, overrides: &[Override]) -> Result<Self, ConfigError> {
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| format!(" line {}", line_of(text, s.start))).unwrap_or_default();
+            ConfigError(format!("{origin}{line}: {}", e.message()))
+        })?;
+        for o in overrides {
+            o.apply(&mut table)?;
+        }
+        reject_non_finite("", &table, text, origin, overrides)?;
+        let mut cfg: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|e| describe_de_error(&e, text, origin, overrides))?;
+        cfg.normalize_and_validate().map_err(|e| {
+            // Blame the command line when the message is about a key an override set.
+            let from =
+                overrides.iter().find(|o| e.0.contains(&o.key) || e.0.contains(o.key.rsplit('.').next().unwrap_or("")));
+            match from {
+                Some(o) => ConfigError(format!("command-line override `{}={}`: {}", o.key, o.value, e.0)),
+                None => ConfigError(format!("{origin}: {}", e.0)),
+            }
+        })?;
+        Ok(cfg)
+    }
+
+    /// The resolved configuration as TOML (all defaults filled in).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("config serializes")
+    }
+
+    /// The sampling settings every stage uses (collection, evaluation, exported agents).
+    pub fn sampling(&self) -> crate::model::SamplingParams {
+        crate::model::SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k.map(|k| k as usize),
+            max_new_tokens: self.max_new_tokens as usize,
+        }
+    }
+
+    /// `preference_replay_sample_size` as a count.
+    pub fn replay_sample_size(&self) -> Option<usize> {
+        self.preference_replay_sample_size.map(|s| s as usize)
+    }
+
+    /// Sampling requests per evaluation batch, and the keys that set it.
+    pub fn eval_rows(&self) -> (usize, &'static str) {
+        let rows = (self.eval_batch_size as usize).saturating_mul(self.eval_samples_per_item as usize);
+        (rows, "eval_batch_size × eval_samples_per_item")
+    }
+
+    /// Pairs per preference update (train_batch_size, defaulting to rollout_buffer_size).
+    pub fn pairs_per_update(&self) -> usize {
+        self.train_batch_size.unwrap_or(self.rollout_buffer_size) as usize
+    }
+
+    /// The replay mode with its parameter (validated).
+    pub fn replay_mode(&self) -> crate::prefs::replay::ReplayMode {
+        use crate::prefs::replay::ReplayMode;
+        match self.preference_replay_mode.as_str() {
+            "nearest_k" => ReplayMode::NearestK(self.preference_replay_k.unwrap_or(1) as usize),
+            "all_history" => ReplayMode::AllHistory,
+            "lambda_decay" => ReplayMode::LambdaDecay(self.preference_replay_lambda.unwrap_or(1.0)),
+            _ => ReplayMode::Current,
+        }
+    }
+
+    /// Where round files live.
+    pub fn replay_dir(&self) -> PathBuf {
+        self.preference_replay_dir.clone().unwrap_or_else(|| self.run_dir.join("preference_replay"))
+    }
+
+    /// How many models act: one per agent, or the one centralized actor writing every role.
+    pub fn num_actors(&self) -> usize {
+        if self.collaboration_mode == "centralized" {
+            1
+        } else {
+            self.num_agents as usize
+        }
+    }
+
+    /// The model source of each actor.
+    pub fn agent_sources(&self) -> Result<Vec<String>, ConfigError> {
+        let n = self.num_actors();
+        match (&self.agents, &self.agent_model) {
+            (Some(a), _) if a.len() == n => Ok(a.clone()),
+            (Some(_), _) if self.collaboration_mode == "centralized" => {
+                err("Centralized collaboration requires exactly one actor model: `agents` must list one model.")
+            }
+            (Some(a), _) => err(format!("agents lists {} models but num_agents is {n}", a.len())),
+            (None, Some(m)) => Ok(vec![m.clone(); n]),
+            (None, None) => err("no model: set `agent_model` (one source for all agents) or `agents` (one per agent)"),
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! The reference's validation rules (CoMLRL `MADPOConfig.__post_init__`), in its order and
+//! words, and pbrl's own, applied after every default and override is in place.
+use super::{err, Config, ConfigError, DeviceSpec};
+
+impl Config {
+    /// Reference §2.3 replay rules (aliases normalized), in the reference's order and words.
+    fn validate_replay(&mut self) -> Result<(), ConfigError> {
+        let mode = match self.preference_replay_mode.trim().to_lowercase().as_str() {
+            "current" | "latest" | "new" => "current",
+            "nearest_k" | "recent_k" | "last_k" | "k" => "nearest_k",
+            "all_history" => "all_history",
+            "lambda" | "lambda_decay" | "td_lambda" | "td-lambda" => "lambda_decay",
+            _ => return err("preference_replay_mode must be one of: current, nearest_k, all_history, lambda_decay."),
+        };
+        self.preference_replay_mode = mode.to_string();
+        let (k, lambda, size) =
+            (self.preference_replay_k, self.preference_replay_lambda, self.preference_replay_sample_size);
+        let size_ok = || match size {
+            Some(s) if s < 1 => err("preference_replay_sample_size must be null or >= 1."),
+            _ => Ok(()),
+        };
+        let no_lambda = || match lambda {
+            Some(_) => err("preference_replay_lambda is only valid when preference_replay_mode='lambda_decay'."),
+            None => Ok(()),
+        };
+        match mode {
+            "current" => {
+                if k.is_some_and(|k| k != 1) {
+                    return err("preference_replay_k must be null or 1 when preference_replay_mode='current'.");
+                }
+                no_lambda()?;
+                if size.is_some() {
+                    return err("preference_replay_sample_size is only valid when preference_replay_mode is 'nearest_k', 'all_history', or 'lambda_decay'.");
+                }
+            }
+            "nearest_k" => {
+                match k {
+                    None => return err("preference_replay_k is required when preference_replay_mode='nearest_k'."),
+                    Some(k) if k < 1 => return err("preference_replay_k must be >= 1."),
+                    _ => {}
+                }
+                no_lambda()?;
+                size_ok()?;
+            }
+            "all_history" => {
+                if k.is_some() {
+                    return err("preference_replay_k is only valid when preference_replay_mode='nearest_k'.");
+                }
+                no_lambda()?;
+                size_ok()?;
+            }
+            _ => {
+                if k.is_some() {
+                    return err("preference_replay_k is only valid when preference_replay_mode='nearest_k'.");
+                }
+                match lambda {
+                    None => {
+                        return err("preference_replay_lambda is required when preference_replay_mode='lambda_decay'.")
+                    }
+                    Some(l) if !(0.0..=1.0).contains(&l) => return err("preference_replay_lambda must be in [0, 1]."),
+                    _ => {}
+                }
+                size_ok()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reference validation (MADPOConfig.__post_init__), in the reference's order, plus pbrl's.
+    pub(super) fn normalize_and_validate(&mut self) -> Result<(), ConfigError> {
+        if !matches!(self.collaboration_mode.as_str(), "decentralized" | "centralized") {
+            return err("collaboration_mode must be 'decentralized' or 'centralized'.");
+        }
+        if self.num_train_epochs < 1 {
+            return err("num_train_epochs must be >= 1.");
+        }
+        if self.num_agents < 1 {
+            return err("num_agents must be >= 1.");
+        }
+        if self.rollout_buffer_size < 1 {
+            return err("rollout_buffer_size must be >= 1.");
+        }
+        if self.eval_interval < 0 {
+            return err("eval_interval must be >= 0.");
+        }
+        if self.eval_num_samples < 0 {
+            return err("eval_num_samples must be >= 0.");
+        }
+        if self.eval_batch_size < 1 {
+            return err("eval_batch_size must be >= 1.");
+        }
+        if self.eval_samples_per_item < 1 {
+            return err("eval_samples_per_item must be >= 1.");
+        }
+        if self.num_turns < 1 {
+            return err("num_turns must be >= 1.");
+        }
+        if self.logging_steps < 1 {
+            return err("logging_steps must be >= 1.");
+        }
+        if self.train_batch_size.is_some_and(|b| b < 1) {
+            return err("train_batch_size must be >= 1.");
+        }
+        let pt = self.parallel_training.trim().to_lowercase();
+        self.parallel_training = if pt == "null" { "none".into() } else { pt };
+        if !matches!(self.parallel_training.as_str(), "none" | "mp") {
+            return err("parallel_training must be one of: none, mp.");
+        }
+        if self.parallel_training == "mp" && self.agent_devices.is_none() {
+            return err("parallel_training='mp' requires agent_devices.");
+        }
+        if self.reference_kl_coef < 0.0 {
+            return err("reference_kl_coef must be >= 0.");
+        }
+        if self.num_turns != 1 {
+            return err("MADPO currently supports num_turns=1 only.");
+        }
+        if self.preference_num_candidates < 2 {
+            return err("preference_num_candidates must be >= 2.");
+        }
+        if self.preference_pairs_per_sample.is_some_and(|p| p < 1) {
+            return err("preference_pairs_per_sample must be null or >= 1.");
+        }
+        if self.dpo_beta <= 0.0 {
+            return err("dpo_beta must be > 0.");
+        }
+        if self.environment_steps_per_pair < 1 {
+            return err("environment_steps_per_pair must be >= 1.");
+        }
+        self.pair_selection = self.pair_selection.trim().to_lowercase();
+        if !matches!(self.pair_selection.as_str(), "reward_gap" | "all" | "random") {
+            return err("pair_selection must be one of: reward_gap, all, random.");
+        }
+        if self.pair_selection == "all" && self.preference_pairs_per_sample.is_some() {
+            return err("preference_pairs_per_sample must be null when pair_selection='all'.");
+        }
+        if !matches!(self.joint_mode.trim().to_lowercase().as_str(), "align" | "aligned") {
+            return err("joint_mode must be 'aligned' (the only supported joint mode).");
+        }
+        if !matches!(self.advantage_mode.as_str(), "mean" | "raw" | "max" | "rloo") {
+            return err("advantage_mode must be one of: mean, raw, max, rloo.");
+        }
+        // pbrl's own rules.
+        if self.max_new_tokens < 1 {
+            return err("max_new_tokens must be >= 1.");
+        }
+        if self.temperature < 0.0 {
+            return err("temperature must be >= 0 (0 means greedy decoding).");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return err("top_p must be in (0, 1].");
+        }
+        if self.top_k.is_some_and(|k| k < 1) {
+            return err("top_k must be null or >= 1.");
+        }
+        let n = self.num_agents as usize;
+        let f = self.task.formatters.len();
+        if f != 1 && f != n {
+            return err(format!("task.formatters has {f} templates; give one shared template or one per agent ({n})"));
+        }
+        if let Some(s) = &self.task.system_prompts {
+            if s.len() != 1 && s.len() != n {
+                return err(format!("task.system_prompts has {} entries; give one or one per agent ({n})", s.len()));
+            }
+        }
+        if let Some(k) =
+            self.task.chat_template_kwargs.keys().find(|k| *k == "messages" || *k == "add_generation_prompt")
+        {
+            return err(format!("task.chat_template_kwargs.{k} is set by pbrl itself; remove it"));
+        }
+        if !self.reward.scale.is_finite() || !self.reward.shift.is_finite() {
+            return err("reward.scale and reward.shift must be finite numbers.");
+        }
+        if !(self.reward_timeout_s > 0.0 && self.reward_timeout_s <= 604_800.0) {
+            return err("reward_timeout_s must be a positive number of seconds, at most a week (604800).");
+        }
+        if self.agent_learning_rate <= 0.0 {
+            return err("agent_learning_rate must be > 0.");
+        }
+        if self.agent_model.is_some() && self.agents.is_some() {
+            return err(
+                "agent_model and agents are both set; give one model for all agents or one per agent, not both",
+            );
+        }
+        if self.collect_batch_size < 1 {
+            return err("collect_batch_size must be >= 1.");
+        }
+        if let Some([lo, hi]) = self.reward_range {
+            if !(lo.is_finite() && hi.is_finite() && lo < hi) {
+                return err("reward_range must be [min, max] with min < max.");
+            }
+        }
+        if self.log_reward_distribution && self.reward_range.is_none() {
+            return err("log_reward_distribution needs reward_range = [min, max] (the histogram's range).");
+        }
+        self.validate_replay()?;
+        if self.checkpoint_interval < 0 {
+            return err("checkpoint_interval must be >= 0 (0 writes no checkpoints).");
+        }
+        if self.checkpoint_total_limit.is_some_and(|l| l < 1) {
+            return err("checkpoint_total_limit must be null or >= 1.");
+        }
+        DeviceSpec::resolve(self.agent_devices.as_ref(), self.num_actors(), "agent_devices")?;
+        Ok(())
+    }
+}

@@ -1,0 +1,196 @@
+//! The configuration's rules and messages.
+use super::*;
+
+fn load(text: &str, overrides: &[&str]) -> Result<Config, ConfigError> {
+    let o: Vec<Override> = overrides.iter().map(|s| Override::parse(s).unwrap()).collect();
+    Config::from_toml_str(text, "test.toml", &o)
+}
+
+fn message(text: &str, overrides: &[&str]) -> String {
+    load(text, overrides).unwrap_err().0
+}
+
+#[test]
+fn defaults_are_the_reference_madpo_defaults() {
+    let c = load("", &[]).unwrap();
+    assert_eq!(c.num_train_epochs, 20);
+    assert_eq!(c.agent_learning_rate, 5e-6);
+    assert_eq!(c.preference_num_candidates, 80);
+    assert_eq!(c.preference_pairs_per_sample, Some(16));
+    assert_eq!(c.pair_selection, "reward_gap");
+    assert_eq!(c.dpo_beta, 0.1);
+    assert_eq!(c.max_new_tokens, 256);
+    assert_eq!((c.temperature, c.top_p, c.top_k), (0.6, 0.6, Some(50)));
+    assert_eq!(c.eval_interval, 16);
+    assert_eq!(c.pairs_per_update(), 2, "train_batch_size defaults to rollout_buffer_size");
+}
+
+/// Every validation rule, with its message.
+#[test]
+fn each_rule_reports_its_message() {
+    let cases: &[(&str, &str)] = &[
+        ("collaboration_mode = \"central\"", "collaboration_mode must be 'decentralized' or 'centralized'."),
+        ("num_train_epochs = 0", "num_train_epochs must be >= 1."),
+        ("num_agents = 0", "num_agents must be >= 1."),
+        ("rollout_buffer_size = 0", "rollout_buffer_size must be >= 1."),
+        ("eval_interval = -1", "eval_interval must be >= 0."),
+        ("eval_num_samples = -1", "eval_num_samples must be >= 0."),
+        ("eval_batch_size = 0", "eval_batch_size must be >= 1."),
+        ("eval_samples_per_item = 0", "eval_samples_per_item must be >= 1."),
+        ("num_turns = 0", "num_turns must be >= 1."),
+        ("logging_steps = 0", "logging_steps must be >= 1."),
+        ("train_batch_size = 0", "train_batch_size must be >= 1."),
+        ("parallel_training = \"ddp\"", "parallel_training must be one of: none, mp."),
+        ("parallel_training = \"MP\"", "parallel_training='mp' requires agent_devices."),
+        ("reference_kl_coef = -0.1", "reference_kl_coef must be >= 0."),
+        ("num_turns = 2", "MADPO currently supports num_turns=1 only."),
+        ("preference_num_candidates = 1", "preference_num_candidates must be >= 2."),
+        ("preference_pairs_per_sample = 0", "preference_pairs_per_sample must be null or >= 1."),
+        ("dpo_beta = 0.0", "dpo_beta must be > 0."),
+        ("environment_steps_per_pair = 0", "environment_steps_per_pair must be >= 1."),
+        ("pair_selection = \"best\"", "pair_selection must be one of: reward_gap, all, random."),
+        ("pair_selection = \"all\"", "preference_pairs_per_sample must be null when pair_selection='all'."),
+        ("joint_mode = \"cross\"", "joint_mode must be 'aligned'"),
+        ("advantage_mode = \"median\"", "advantage_mode must be one of: mean, raw, max, rloo."),
+        ("max_new_tokens = 0", "max_new_tokens must be >= 1."),
+        ("temperature = -1.0", "temperature must be >= 0"),
+        ("top_p = 0.0", "top_p must be in (0, 1]."),
+        ("top_k = 0", "top_k must be null or >= 1."),
+        ("[task]\nformatters = [\"a\", \"b\", \"c\"]", "task.formatters has 3 templates"),
+        ("[task]\nsystem_prompts = [\"a\", \"b\", \"c\"]", "task.system_prompts has 3 entries"),
+        ("[task.chat_template_kwargs]\nmessages = []", "task.chat_template_kwargs.messages is set by pbrl itself"),
+        ("agent_devices = [\"cpu\"]", "agent_devices has 1 entries but there are 2 actors"),
+        ("reward_timeout_s = 0.0", "reward_timeout_s must be a positive number of seconds"),
+        ("reward_timeout_s = 1e20", "at most a week"),
+        ("agent_learning_rate = -1e-5", "agent_learning_rate must be > 0."),
+        ("agent_model = \"a\"\nagents = [\"b\", \"c\"]", "agent_model and agents are both set"),
+        ("collect_batch_size = 0", "collect_batch_size must be >= 1."),
+        ("preference_replay_mode = \"best\"", "preference_replay_mode must be one of"),
+        ("preference_replay_k = 2", "preference_replay_k must be null or 1 when preference_replay_mode='current'."),
+        ("preference_replay_lambda = 0.5", "preference_replay_lambda is only valid when"),
+        (
+            "preference_replay_sample_size = 4",
+            "preference_replay_sample_size is only valid when preference_replay_mode is",
+        ),
+        ("preference_replay_mode = \"k\"", "preference_replay_k is required when preference_replay_mode='nearest_k'."),
+        ("preference_replay_mode = \"last_k\"\npreference_replay_k = 0", "preference_replay_k must be >= 1."),
+        (
+            "preference_replay_mode = \"all_history\"\npreference_replay_k = 2",
+            "preference_replay_k is only valid when preference_replay_mode='nearest_k'.",
+        ),
+        (
+            "preference_replay_mode = \"all_history\"\npreference_replay_sample_size = 0",
+            "preference_replay_sample_size must be null or >= 1.",
+        ),
+        ("preference_replay_mode = \"td-lambda\"", "preference_replay_lambda is required when"),
+        (
+            "preference_replay_mode = \"lambda\"\npreference_replay_lambda = 1.5",
+            "preference_replay_lambda must be in [0, 1].",
+        ),
+        ("checkpoint_interval = -1", "checkpoint_interval must be >= 0"),
+        ("checkpoint_total_limit = 0", "checkpoint_total_limit must be null or >= 1."),
+        ("reward_range = [1.0, 0.0]", "reward_range must be [min, max] with min < max."),
+        ("log_reward_distribution = true", "log_reward_distribution needs reward_range = [min, max]"),
+    ];
+    for (text, want) in cases {
+        let m = message(text, &[]);
+        assert!(m.starts_with("test.toml: ") && m.contains(want), "{text:?}: got {m:?}, want {want:?}");
+    }
+}
+
+#[test]
+fn non_finite_values_and_override_mistakes_name_their_place() {
+    assert_eq!(message("seed = 1\ndpo_beta = nan", &[]), "test.toml line 2: `dpo_beta` = nan is not a finite number");
+    assert!(message("[reward]\nscale = -inf", &[]).contains("`reward.scale` = -inf is not a finite number"));
+    assert!(message("", &["reward.target_min=nan"]).contains("`reward.target_min` = nan"));
+    let m = message("", &["temperature=inf"]);
+    assert!(m.starts_with("command-line override `temperature=inf`"), "{m}");
+    let m = message("", &["dpo_beta=-1.0"]);
+    assert!(m.starts_with("command-line override `dpo_beta=-1.0`: dpo_beta must be > 0"), "{m}");
+    let m = message("", &["num_agents=\"two\""]);
+    assert!(m.starts_with("command-line override `num_agents=\"two\"`"), "{m}");
+}
+
+#[test]
+fn normalizations_and_none_values() {
+    let c =
+        load("pair_selection = \" ALL \"\npreference_pairs_per_sample = \"none\"\nparallel_training = \"null\"", &[])
+            .unwrap();
+    assert_eq!(c.pair_selection, "all");
+    assert_eq!(c.preference_pairs_per_sample, None);
+    assert_eq!(c.parallel_training, "none");
+    assert_eq!(load("", &["top_k=none"]).unwrap().top_k, None);
+    for (alias, mode) in [("latest", "current"), ("recent_k", "nearest_k"), ("TD-Lambda", "lambda_decay")] {
+        let extra = match mode {
+            "nearest_k" => "preference_replay_k=2",
+            "lambda_decay" => "preference_replay_lambda=0.5",
+            _ => "seed=1",
+        };
+        let c = load("", &[&format!("preference_replay_mode={alias}"), extra]).unwrap();
+        assert_eq!(c.preference_replay_mode, mode);
+    }
+}
+
+#[test]
+fn unknown_keys_name_the_line_and_the_closest_key() {
+    assert_eq!(
+        message("seed = 1\ndpo_betta = 0.2\n", &[]),
+        "test.toml line 2: unknown key `dpo_betta`; did you mean `dpo_beta`?"
+    );
+    assert_eq!(
+        message("[task]\ntrain_fil = \"x\"\n", &[]),
+        "test.toml line 2: unknown key `task.train_fil`; did you mean `task.train_file`?"
+    );
+    assert_eq!(
+        message("", &["max_new_token=3"]),
+        "command-line override: unknown key `max_new_token`; did you mean `max_new_tokens`?"
+    );
+    assert_eq!(message("", &["zzzzzzzzzzzz=1"]), "command-line override: unknown key `zzzzzzzzzzzz`");
+}
+
+#[test]
+fn type_errors_name_the_key_and_syntax_errors_the_line() {
+    let m = message("dpo_beta = \"high\"", &[]);
+    assert!(m.contains("`dpo_beta`"), "{m}");
+    let m = message("seed = 1\nnum_agents = = 2\n", &[]);
+    assert!(m.starts_with("test.toml line 2:"), "{m}");
+}
+
+#[test]
+fn overrides_are_toml_literals_or_bare_words() {
+    let c = load(
+        "agent_learning_rate = 1e-5",
+        &[
+            "agent_learning_rate=2e-5",
+            "task.eval_file=data/x.jsonl",
+            "task.formatters=[\"{prompt}!\"]",
+            "reward.kind=length_ratio",
+        ],
+    )
+    .unwrap();
+    assert_eq!(c.agent_learning_rate, 2e-5);
+    assert_eq!(c.task.eval_file.as_deref(), Some(Path::new("data/x.jsonl")));
+    assert_eq!(c.task.formatters, vec!["{prompt}!"]);
+    assert_eq!(Override::parse("comparator_policy=model").unwrap().value, toml::Value::String("model".into()));
+    assert!(Override::parse("novalue").is_err());
+    assert!(message("seed = 1", &["seed.x=1"]).contains("`seed` is not a table"));
+    assert!(message("", &["seed.x=1"]).contains("`seed`"));
+}
+
+#[test]
+fn resolved_config_round_trips() {
+    let c = load("seed = 7\n[reward]\nkind = \"length_ratio\"\ntarget_min = 1.5", &[]).unwrap();
+    let again = Config::from_toml_str(&c.to_toml(), "resolved", &[]).unwrap();
+    assert_eq!(c, again);
+}
+
+#[test]
+fn agent_sources() {
+    assert!(load("", &[]).unwrap().agent_sources().unwrap_err().0.contains("agent_model"));
+    assert_eq!(load("agent_model = \"m.gguf\"", &[]).unwrap().agent_sources().unwrap(), vec!["m.gguf", "m.gguf"]);
+    assert!(load("agents = [\"a\"]", &[]).unwrap().agent_sources().unwrap_err().0.contains("num_agents is 2"));
+    let central = |extra: &str| load(&format!("collaboration_mode = \"centralized\"\n{extra}"), &[]).unwrap();
+    assert_eq!(central("agent_model = \"m\"").agent_sources().unwrap(), vec!["m"]);
+    assert_eq!(central("agents = [\"a\"]").agent_sources().unwrap(), vec!["a"]);
+    assert!(central("agents = [\"a\", \"b\"]").agent_sources().unwrap_err().0.contains("exactly one actor"));
+}
