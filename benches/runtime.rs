@@ -14,7 +14,7 @@ use candle_core::Var;
 use pbrl::model::sampling::{sample, SampleRequest, SamplingParams};
 use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
 use pbrl::model::{LoadedModel, Mode};
-use pbrl::optim::{AdamW, AdamWConfig};
+use pbrl::train::optim::{AdamW, AdamWConfig};
 use serde_json::json;
 
 const SEQ: usize = 128;

@@ -1,14 +1,14 @@
 //! pbrl: multi-agent preference-based RL for teams of LLM agents, on candle.
 //!
 //! Data flows one way: command line → [`config`] → a stage in [`stages`] → the task, the team
-//! of agents and the [`model`] runtime → candle.
+//! of agents ([`team`]), the training session ([`train`]) and the [`model`] runtime → candle;
+//! every artefact lives in the run directory ([`run`]).
 pub mod algo;
 pub mod cli;
 pub mod config;
 pub mod device;
 pub mod evaluation;
 pub mod model;
-pub mod optim;
 pub mod prefs;
 pub mod progress;
 pub mod rng;
@@ -16,3 +16,4 @@ pub mod run;
 pub mod stages;
 pub mod task;
 pub mod team;
+pub mod train;

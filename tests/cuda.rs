@@ -14,8 +14,8 @@ use pbrl::model::batch::{PaddedBatch, Padding};
 use pbrl::model::sampling::{greedy, sample, SampleRequest, SamplingParams};
 use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
 use pbrl::model::{tiny::tiny_model, Architecture, LoadedModel, Mode};
-use pbrl::optim::{AdamW, AdamWConfig};
 use pbrl::prefs::RoundFile;
+use pbrl::train::optim::{AdamW, AdamWConfig};
 
 fn gpu() -> Device {
     Device::new_cuda(0).expect("tests/cuda.rs needs a CUDA GPU at cuda:0")

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::fingerprint::Fingerprint;
 use crate::model::LoadedModel;
-use crate::optim::AdamW;
+use crate::train::optim::AdamW;
 
 /// Where training stands (`state.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,0 +1,271 @@
+//! The loop every trainer shares. A stage opens a [`Session`] on its team and data, then hands
+//! it one closure that turns a batch of example indices into losses; the session does the rest:
+//!
+//! 1. one AdamW per actor (PyTorch defaults, the given learning rate);
+//! 2. the run's fingerprint (config, round files, model sources); with `--resume`, the newest
+//!    checkpoint if its fingerprint matches and its run did not finish, else a fresh start
+//!    (which never discards an unfinished run's checkpoints);
+//! 3. per epoch, the examples shuffled with the run's training stream, cut into batches; before
+//!    a batch, an evaluation when `updates % eval_interval == 0`; after it, a metrics line;
+//! 4. a checkpoint every `checkpoint_interval` epochs; at the end, the team saved whole and the
+//!    run marked finished.
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Tensor};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::{json, Value};
+
+use super::optim::{AdamW, AdamWConfig};
+use crate::config::Config;
+use crate::evaluation::{eval_items, evaluate};
+use crate::model::LoadedModel;
+use crate::progress;
+use crate::rng::{derive_seed, purpose};
+use crate::run::checkpoint::{self, Progress};
+use crate::run::fingerprint::Fingerprint;
+use crate::run::team::save_team;
+use crate::run::RunDir;
+use crate::task::reward::{build_reward, RewardProcessor, TaskReward};
+use crate::task::TaskItem;
+use crate::team::{check_fits, Agent};
+
+/// What a training phase learns from: the rounds (their files are fingerprinted) and how many
+/// examples they hold.
+pub struct TrainingData<'a> {
+    pub rounds: &'a [(u32, &'a Path)],
+    pub num_examples: usize,
+}
+
+/// The mutable state a batch step works on.
+pub struct Step<'s> {
+    pub optims: &'s mut [AdamW],
+    pub progress: &'s mut Progress,
+    /// The epoch this batch belongs to (from 1).
+    pub epoch: u64,
+    /// Tokens the batch computed on (for `tokens_per_s`); the step adds its own.
+    pub tokens: &'s mut usize,
+}
+
+impl Step<'_> {
+    /// Backward and AdamW step of actor `i` on `loss`; a non-finite loss skips the update (with a
+    /// warning and a count). Returns the loss value and gradient norm when the step was taken.
+    pub fn apply(&mut self, i: usize, loss: Tensor, keep_alive: impl FnOnce()) -> Result<Option<(f64, f64)>> {
+        let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        if !value.is_finite() {
+            tracing::warn!(agent = i, update = self.progress.updates, "non-finite loss; update skipped");
+            self.progress.skipped_nonfinite[i] += 1;
+            return Ok(None);
+        }
+        let grads = loss.backward().with_context(|| format!("agent {i}: backward pass"))?;
+        drop(loss);
+        keep_alive(); // free the activations before the optimizer touches its moments
+        let grad_norm = self.optims[i].step(&grads).with_context(|| format!("agent {i}: AdamW update"))?;
+        self.progress.optimizer_steps[i] = self.optims[i].step;
+        Ok(Some((value, grad_norm)))
+    }
+}
+
+/// Evaluation during training: the held-out items and their reward.
+struct PeriodicEval {
+    items: Vec<TaskItem>,
+    reward: Box<dyn TaskReward>,
+    processor: RewardProcessor,
+}
+
+pub struct Session<'a> {
+    cfg: &'a Config,
+    run_dir: &'a RunDir,
+    stage: &'static str,
+    team: &'a [Agent],
+    optims: Vec<AdamW>,
+    pub progress: Progress,
+    rng: ChaCha8Rng,
+    eval: Option<PeriodicEval>,
+}
+
+impl<'a> Session<'a> {
+    pub fn open(
+        cfg: &'a Config,
+        run_dir: &'a RunDir,
+        stage: &'static str,
+        team: &'a [Agent],
+        data: TrainingData,
+        learning_rate: f64,
+        resume: bool,
+    ) -> Result<Self> {
+        let n = team.len();
+        let adam = AdamWConfig::torch_defaults(learning_rate);
+        let mut optims = team
+            .iter()
+            .map(|a| {
+                let params = a
+                    .model
+                    .varmap
+                    .data()
+                    .lock()
+                    .expect("VarMap lock")
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                AdamW::new(params, adam).with_context(|| format!("agent {}: allocating the AdamW state", a.index))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[purpose::TRAIN]));
+        let rounds: Vec<u32> = data.rounds.iter().map(|(r, _)| *r).collect();
+        // The configured sources, not the team as loaded: resuming restores every weight from
+        // the checkpoint, and a run that finished has replaced the team it started from.
+        let fingerprint = Fingerprint::of_training(cfg, data.rounds, &cfg.agent_sources()?)?;
+        let mut progress = Progress {
+            kind: stage.into(),
+            epoch: 0,
+            updates: 0,
+            rng_word_pos: 0,
+            optimizer_steps: vec![0; n],
+            skipped_nonfinite: vec![0; n],
+            rounds: rounds.clone(),
+            num_pairs: data.num_examples,
+            num_train_epochs: cfg.num_train_epochs as u64,
+            fingerprint,
+        };
+        if resume {
+            progress = resume_from_checkpoint(run_dir, team, &mut optims, progress)?;
+            rng.set_word_pos(progress.rng_word_pos);
+        } else {
+            checkpoint::start_fresh(&run_dir.root)?;
+        }
+        let eval = match if cfg.eval_interval > 0 { eval_items(cfg)? } else { None } {
+            Some(items) => {
+                check_fits(team, &items, cfg.max_new_tokens as usize, cfg.eval_rows(), "eval")?;
+                let (reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
+                Some(PeriodicEval { items, reward, processor })
+            }
+            None => None,
+        };
+        Ok(Self { cfg, run_dir, stage, team, optims, progress, rng, eval })
+    }
+
+    pub fn models(&self) -> Vec<&'a LoadedModel> {
+        self.team.iter().map(|a| &a.model).collect()
+    }
+
+    /// Every remaining epoch over `num_examples` shuffled examples in batches of `batch_size`;
+    /// `step` adds the batch's metrics to the line the session logs.
+    pub fn run(
+        &mut self,
+        num_examples: usize,
+        batch_size: usize,
+        mut step: impl FnMut(&mut Step, &[usize], &mut Value) -> Result<()>,
+    ) -> Result<()> {
+        let cfg = self.cfg;
+        let epochs = cfg.num_train_epochs as u64;
+        let batches = num_examples.div_ceil(batch_size) as u64;
+        let bar = progress::bar((epochs - self.progress.epoch.min(epochs)) * batches, self.stage);
+        let (started, first_update) = (std::time::Instant::now(), self.progress.updates);
+        let mut tokens = 0usize;
+        for epoch in self.progress.epoch..epochs {
+            let mut order: Vec<usize> = (0..num_examples).collect();
+            order.shuffle(&mut self.rng);
+            for chunk in order.chunks(batch_size) {
+                self.maybe_evaluate()?;
+                let mut metrics = json!({"stage": self.stage, "epoch": epoch + 1, "update": self.progress.updates + 1});
+                let progress = &mut self.progress;
+                let mut ctx = Step { optims: &mut self.optims, progress, epoch: epoch + 1, tokens: &mut tokens };
+                step(&mut ctx, chunk, &mut metrics)?;
+                self.progress.updates += 1;
+                let secs = started.elapsed().as_secs_f64();
+                metrics["pairs_per_s"] =
+                    json!((self.progress.updates - first_update) as f64 * batch_size as f64 / secs);
+                metrics["tokens_per_s"] = json!(tokens as f64 / secs);
+                self.run_dir.log_metrics(&metrics)?;
+                let loss = metrics.as_object().and_then(|m| m.iter().find(|(k, _)| k.ends_with("/loss")));
+                if let Some(loss) = loss.and_then(|(_, v)| v.as_f64()) {
+                    bar.set_message(format!("loss {loss:.4}"));
+                }
+                bar.inc(1);
+            }
+            self.progress.epoch = epoch + 1;
+            self.progress.rng_word_pos = self.rng.get_word_pos();
+            if cfg.checkpoint_interval > 0 && self.progress.epoch.is_multiple_of(cfg.checkpoint_interval as u64) {
+                let limit = cfg.checkpoint_total_limit.map(|l| l as usize);
+                let models = self.models();
+                checkpoint::save(
+                    &self.run_dir.root,
+                    self.progress.epoch,
+                    &models,
+                    &self.optims,
+                    &self.progress,
+                    limit,
+                )?;
+            }
+        }
+        bar.finish_and_clear();
+        Ok(())
+    }
+
+    /// The periodic evaluation, before the updates where `updates % eval_interval == 0`.
+    fn maybe_evaluate(&mut self) -> Result<()> {
+        let Some(ev) = self.eval.as_mut() else { return Ok(()) };
+        if !self.progress.updates.is_multiple_of(self.cfg.eval_interval as u64) {
+            return Ok(());
+        }
+        let out = evaluate(self.cfg, self.team, &ev.items, ev.reward.as_mut(), ev.processor)?;
+        let mean = out.reward_mean();
+        self.run_dir.log_metrics(&json!({"stage": self.stage, "update": self.progress.updates,
+            "eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean,
+            "eval/turn_1/reward_stderr": out.reward_stderr}))
+    }
+
+    /// Save the team whole (with the run's sampling settings) and mark the run finished.
+    pub fn finish(self) -> Result<Progress> {
+        save_team(self.run_dir, &self.models(), &self.cfg.sampling())?;
+        checkpoint::mark_finished(&self.run_dir.root, &checkpoint::Finished { epochs: self.progress.epoch })?;
+        Ok(self.progress)
+    }
+}
+
+/// The newest checkpoint's state, refused when it was written under another setup or belongs to
+/// a run that finished (unless more epochs are asked for, which extends it).
+fn resume_from_checkpoint(run_dir: &RunDir, team: &[Agent], optims: &mut [AdamW], now: Progress) -> Result<Progress> {
+    let (num, path) = checkpoint::list(&run_dir.root)?.pop().with_context(|| {
+        format!("--resume: no checkpoint in {}", checkpoint::checkpoints_dir(&run_dir.root).display())
+    })?;
+    let saved = checkpoint::read_progress(&path)?;
+    let finished = checkpoint::finished(&run_dir.root)?;
+    if let Some(f) = &finished {
+        if now.num_train_epochs <= f.epochs {
+            bail!(
+                "--resume: the training run in {} finished ({} epochs), so there is nothing to resume; train without \
+                 --resume to start over, or raise num_train_epochs to extend it",
+                run_dir.root.display(),
+                f.epochs
+            );
+        }
+    }
+    let changed = saved.fingerprint.differences(&now.fingerprint);
+    if !changed.is_empty() {
+        bail!(
+            "--resume: checkpoint-{num} was written under a different setup ({}); train without --resume to start over",
+            changed.join("; ")
+        );
+    }
+    let models: Vec<&LoadedModel> = team.iter().map(|a| &a.model).collect();
+    let mut progress = checkpoint::restore(&path, &models, optims)?;
+    if progress.rounds != now.rounds || progress.num_pairs != now.num_pairs {
+        bail!(
+            "checkpoint-{num} was trained on rounds {:?} ({} pairs), not on the selected rounds {:?} ({} pairs)",
+            progress.rounds,
+            progress.num_pairs,
+            now.rounds,
+            now.num_pairs
+        );
+    }
+    (progress.fingerprint, progress.num_train_epochs) = (now.fingerprint, now.num_train_epochs);
+    if let Some(f) = finished {
+        println!("extending the finished {}-epoch run to {} epochs", f.epochs, progress.num_train_epochs);
+    }
+    println!("resuming from checkpoint-{num} after epoch {}", progress.epoch);
+    Ok(progress)
+}
