@@ -250,3 +250,21 @@ fn exports_load_in_transformers_with_equal_logits_and_the_runs_settings() {
         assert_eq!(r["rope"], want["rope_parameters"], "{name}");
     }
 }
+
+/// A weight beside the language model's (a reward or value head) never reaches an export.
+#[test]
+fn an_export_holds_exactly_the_language_models_weights() {
+    common::init();
+    let m = LoadedModel::load(fixture("qwen3").to_str().unwrap(), &Device::Cpu).unwrap();
+    let head = candle_core::Var::zeros((1, 64), candle_core::DType::F32, &Device::Cpu).unwrap();
+    m.varmap.data().lock().unwrap().insert("score.weight".into(), head);
+    let d = tempfile::tempdir().unwrap();
+    m.save_hf_dir(&d.path().join("a"), None).unwrap();
+    let saved = candle_core::safetensors::load(d.path().join("a/model.safetensors"), &Device::Cpu).unwrap();
+    let mut names: Vec<_> = saved.keys().cloned().collect();
+    names.sort();
+    let mut want: Vec<_> = m.model.config.weight_shapes().into_iter().map(|(n, _)| n).collect();
+    want.sort();
+    assert_eq!(names, want);
+    assert!(!names.iter().any(|n| n == "lm_head.weight" || n == "score.weight"), "tied head and extra head left out");
+}

@@ -153,6 +153,40 @@ struct HfConfigFile {
 }
 
 impl ModelConfig {
+    /// Every weight the model reads, with its Hugging Face name and shape (what an exported
+    /// agent holds: a head added beside the LM never leaks into it).
+    pub fn weight_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
+        let q = self.num_attention_heads * self.head_dim;
+        let kv = self.num_key_value_heads * self.head_dim;
+        let mut w = vec![("model.embed_tokens.weight".to_string(), vec![v, h]), ("model.norm.weight".into(), vec![h])];
+        if !self.tie_word_embeddings {
+            w.push(("lm_head.weight".into(), vec![v, h]));
+        }
+        for l in 0..self.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            w.push((format!("{p}.input_layernorm.weight"), vec![h]));
+            w.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+            w.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
+            w.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
+            w.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
+            w.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
+            if self.qk_norm() {
+                w.push((format!("{p}.self_attn.q_norm.weight"), vec![self.head_dim]));
+                w.push((format!("{p}.self_attn.k_norm.weight"), vec![self.head_dim]));
+            }
+            if self.qkv_bias() {
+                w.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
+                w.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
+                w.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
+            }
+            w.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
+            w.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
+            w.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+        }
+        w
+    }
+
     /// q/k/v carry a bias in this family.
     pub fn qkv_bias(&self) -> bool {
         self.architecture == Architecture::Qwen2

@@ -128,15 +128,19 @@ impl LoadedModel {
         }
         std::fs::create_dir_all(tmp)?;
         let config = &self.model.config;
-        let mut tensors: Vec<(String, Tensor)> = {
+        // Exactly the weights the language model reads: no other head in the VarMap, and no
+        // lm_head.weight of its own for a tied model.
+        let map: HashMap<String, Tensor> = {
             let data = self.varmap.data().lock().expect("VarMap lock");
-            data.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect()
+            config
+                .weight_shapes()
+                .into_iter()
+                .map(|(name, _)| {
+                    let var = data.get(&name).with_context(|| format!("the model has no weight `{name}`"))?;
+                    Ok((name, var.as_tensor().clone()))
+                })
+                .collect::<Result<_>>()?
         };
-        if config.tie_word_embeddings {
-            tensors.retain(|(k, _)| k != "lm_head.weight");
-        }
-        tensors.sort_by(|a, b| a.0.cmp(&b.0));
-        let map: HashMap<String, Tensor> = tensors.into_iter().collect();
         candle_core::safetensors::save(&map, tmp.join("model.safetensors"))?;
         let write_json = |name: &str, v: &Value| -> Result<()> {
             let mut bytes = serde_json::to_vec_pretty(v)?;

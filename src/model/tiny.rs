@@ -36,46 +36,13 @@ pub fn tiny_config(architecture: Architecture, vocab: usize, tie: bool) -> Model
     }
 }
 
-/// Every weight the model reads, with its shape.
-pub fn weight_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
-    let q = cfg.num_attention_heads * cfg.head_dim;
-    let kv = cfg.num_key_value_heads * cfg.head_dim;
-    let mut w = vec![("model.embed_tokens.weight".to_string(), vec![v, h]), ("model.norm.weight".into(), vec![h])];
-    if !cfg.tie_word_embeddings {
-        w.push(("lm_head.weight".into(), vec![v, h]));
-    }
-    for l in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        w.push((format!("{p}.input_layernorm.weight"), vec![h]));
-        w.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
-        w.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
-        w.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
-        w.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
-        w.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
-        if cfg.qk_norm() {
-            w.push((format!("{p}.self_attn.q_norm.weight"), vec![cfg.head_dim]));
-            w.push((format!("{p}.self_attn.k_norm.weight"), vec![cfg.head_dim]));
-        }
-        if cfg.qkv_bias() {
-            w.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
-            w.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
-            w.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
-        }
-        w.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
-        w.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
-        w.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
-    }
-    w
-}
-
 /// Random weights (norm weights near 1, matrices ~ N(0, 0.3²)) as `Var`s of `dtype`.
 pub fn random_varmap(cfg: &ModelConfig, seed: u64, dtype: DType, dev: &Device) -> Result<VarMap> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let varmap = VarMap::new();
     {
         let mut data = varmap.data().lock().expect("fresh VarMap lock");
-        for (name, shape) in weight_shapes(cfg) {
+        for (name, shape) in cfg.weight_shapes() {
             let n: usize = shape.iter().product();
             let is_norm = name.ends_with("norm.weight");
             let vals: Vec<f64> = (0..n)
