@@ -1,13 +1,15 @@
 //! Fused operations with a backward pass, for training.
 //!
 //! candle's autograd records every elementary op and accumulates each gradient as
-//! `zeros + grad`, so composite RMSNorm, softmax and rope cost many full passes over the
-//! activations in backward. These ops do each forward and each backward in one pass.
+//! `zeros + grad`, so composite softmax and rope cost many full passes over the activations in
+//! backward. These ops do each forward and each backward in one pass. (RMSNorm in training is
+//! the composition of candle ops, `transformer::RmsNorm`, which the golden gradients were
+//! measured with.)
 //!
 //! - [`linear`] works on every device (it calls the backend's own matmul) and returns dW in the
 //!   weight's (out, in) layout, where `x.matmul(w.t())` would return it transposed and pay a
 //!   strided add to accumulate it.
-//! - [`rms_norm`], [`softmax_last_dim`], [`split_heads`] (with the rotary embedding),
+//! - [`softmax_last_dim`], [`split_heads`] (with the rotary embedding),
 //!   [`merge_heads`] and [`token_log_probs`] have CPU kernels (f32 and f64); on other devices
 //!   they fall back to the differentiable compositions of candle ops named `*_composite`.
 use candle_core::backend::BackendStorage;
@@ -55,30 +57,6 @@ macro_rules! dispatch2 {
     };
 }
 
-macro_rules! dispatch3 {
-    ($name:expr, ($a:expr, $la:expr), ($b:expr, $lb:expr), ($c:expr, $lc:expr), |$x:ident, $y:ident, $z:ident| $body:expr) => {
-        match ($a, $b, $c) {
-            (CpuStorage::F32($x), CpuStorage::F32($y), CpuStorage::F32($z)) => {
-                let ($x, $y, $z) = (
-                    contiguous_slice($x, $la, $name)?,
-                    contiguous_slice($y, $lb, $name)?,
-                    contiguous_slice($z, $lc, $name)?,
-                );
-                CpuStorage::F32($body)
-            }
-            (CpuStorage::F64($x), CpuStorage::F64($y), CpuStorage::F64($z)) => {
-                let ($x, $y, $z) = (
-                    contiguous_slice($x, $la, $name)?,
-                    contiguous_slice($y, $lb, $name)?,
-                    contiguous_slice($z, $lc, $name)?,
-                );
-                CpuStorage::F64($body)
-            }
-            _ => candle_core::bail!("{}: operands must all be f32 or all f64", $name),
-        }
-    };
-}
-
 // ---------------------------------------------------------------------------------------------
 // Linear: y = x Wᵀ
 
@@ -122,129 +100,6 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     } else {
         x.matmul(&w.t()?)
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// RMSNorm: y = x / sqrt(mean(x²) + eps) * w
-
-struct RmsNorm {
-    eps: f64,
-}
-
-fn inv_rms<T: Float + std::iter::Sum>(row: &[T], eps: f64) -> T {
-    let ms = row.iter().map(|&v| v * v).sum::<T>() / T::from(row.len()).unwrap();
-    (ms + T::from(eps).unwrap()).sqrt().recip()
-}
-
-impl CustomOp2 for RmsNorm {
-    fn name(&self) -> &'static str {
-        "rms-norm"
-    }
-
-    fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, w: &CpuStorage, lw: &Layout) -> Result<(CpuStorage, Shape)> {
-        fn run<T: Float + std::iter::Sum + Send + Sync>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
-            let h = w.len();
-            let mut y = vec![T::zero(); x.len()];
-            y.par_chunks_mut(h).zip(x.par_chunks(h)).for_each(|(y, x)| {
-                let r = inv_rms(x, eps);
-                for i in 0..h {
-                    y[i] = x[i] * r * w[i];
-                }
-            });
-            y
-        }
-        let eps = self.eps;
-        let out = dispatch2!("rms-norm", (x, lx), (w, lw), |x, w| run(x, w, eps));
-        Ok((out, lx.shape().clone()))
-    }
-
-    fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let g = g.contiguous()?;
-        let dx = x.apply_op3_no_bwd(w, &g, &RmsNormGradX { eps: self.eps })?;
-        let dw = x.apply_op2_no_bwd(&g, &RmsNormGradW { eps: self.eps })?;
-        Ok((Some(dx), Some(dw)))
-    }
-}
-
-/// dx = r·(g⊙w) − r³/h · x · Σ(g⊙w⊙x), with r = 1/rms(x), row by row.
-struct RmsNormGradX {
-    eps: f64,
-}
-
-impl CustomOp3 for RmsNormGradX {
-    fn name(&self) -> &'static str {
-        "rms-norm-grad-x"
-    }
-
-    fn cpu_fwd(
-        &self,
-        x: &CpuStorage,
-        lx: &Layout,
-        w: &CpuStorage,
-        lw: &Layout,
-        g: &CpuStorage,
-        lg: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        fn run<T: Float + std::iter::Sum + Send + Sync>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
-            let h = w.len();
-            let hf = T::from(h).unwrap();
-            let mut dx = vec![T::zero(); x.len()];
-            dx.par_chunks_mut(h).zip(x.par_chunks(h)).zip(g.par_chunks(h)).for_each(|((dx, x), g)| {
-                let r = inv_rms(x, eps);
-                let dot = (0..h).map(|i| g[i] * w[i] * x[i]).sum::<T>();
-                let c = r * r * r / hf * dot;
-                for i in 0..h {
-                    dx[i] = r * g[i] * w[i] - c * x[i];
-                }
-            });
-            dx
-        }
-        let (eps, n) = (self.eps, "rms-norm-grad-x");
-        let out = dispatch3!(n, (x, lx), (w, lw), (g, lg), |x, w, g| run(x, w, g, eps));
-        Ok((out, lx.shape().clone()))
-    }
-}
-
-/// dw = Σ_rows g ⊙ x · r.
-struct RmsNormGradW {
-    eps: f64,
-}
-
-impl CustomOp2 for RmsNormGradW {
-    fn name(&self) -> &'static str {
-        "rms-norm-grad-w"
-    }
-
-    fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, g: &CpuStorage, lg: &Layout) -> Result<(CpuStorage, Shape)> {
-        fn run<T: Float + std::iter::Sum>(x: &[T], g: &[T], h: usize, eps: f64) -> Vec<T> {
-            let mut dw = vec![T::zero(); h];
-            for (x, g) in x.chunks(h).zip(g.chunks(h)) {
-                let r = inv_rms(x, eps);
-                for i in 0..h {
-                    dw[i] = dw[i] + g[i] * x[i] * r;
-                }
-            }
-            dw
-        }
-        let h = lx.shape().dims().last().copied().unwrap_or(1);
-        let n = "rms-norm-grad-w";
-        let out = dispatch2!(n, (x, lx), (g, lg), |x, g| run(x, g, h, self.eps));
-        Ok((out, Shape::from(h)))
-    }
-}
-
-/// Differentiable RMSNorm over the last dimension.
-pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    if cpu_float(x) {
-        return x.contiguous()?.apply_op2(&w.contiguous()?, RmsNorm { eps });
-    }
-    rms_norm_composite(x, w, eps)
-}
-
-/// RMSNorm from differentiable candle ops (other devices, and the reference in tests).
-pub fn rms_norm_composite(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-    x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -614,9 +469,6 @@ mod tests {
         let cos = random(&[b, s, d / 2], 1);
         let sin = random(&[b, s, d / 2], 2);
         let targets = Tensor::new(&[3u32, 0, 6, 2], &Device::Cpu).unwrap();
-        check(&[random(&[6, 16], 3), random(&[16], 4)], &|t| rms_norm(&t[0], &t[1], 1e-5).unwrap(), &|t| {
-            rms_norm_composite(&t[0], &t[1], 1e-5).unwrap()
-        });
         check(&[random(&[4, 3, 7], 5)], &|t| softmax_last_dim(&t[0]).unwrap(), &|t| softmax_composite(&t[0]).unwrap());
         check(&[random(&[b * s, n * d], 7)], &|t| split_heads(&t[0], b, s, n, d, Some((&cos, &sin))).unwrap(), &|t| {
             split_heads_composite(&t[0], b, s, n, d, Some((&cos, &sin))).unwrap()
