@@ -24,7 +24,17 @@ pub enum Command {
     /// Train the agents with MADPO on the stored preference rounds.
     TrainMadpo(TrainArgs),
     /// Sample from the agents, score with the task reward only, write a report.
-    Eval(CommonArgs),
+    Eval(EvalArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Which team to evaluate: `current` (the run's trained agents, else the base models),
+    /// `base` (the configured models), or a directory holding a saved team (a run's agents/).
+    #[arg(long, value_name = "current|base|DIR", default_value = "current")]
+    pub team: String,
 }
 
 #[derive(Debug, Args)]

@@ -7,6 +7,7 @@ use clap::Parser;
 use pbrl::cli::{Cli, Command, CommonArgs};
 use pbrl::config::{Config, Override};
 use pbrl::run::{RunDir, RunLock};
+use pbrl::team::Members;
 
 fn main() -> ExitCode {
     // candle attaches a captured backtrace to its errors when RUST_BACKTRACE is set; error
@@ -81,8 +82,13 @@ fn run(cli: Cli) -> Result<()> {
             pbrl::stages::train_madpo::run(&cfg, &run_dir, &opts)?;
         }
         Command::Eval(args) => {
-            let Some((cfg, run_dir, _lock)) = load_config(&args, "eval")? else { return Ok(()) };
-            pbrl::stages::eval::run(&cfg, &run_dir)?;
+            let Some((cfg, run_dir, _lock)) = load_config(&args.common, "eval")? else { return Ok(()) };
+            let members = match args.team.as_str() {
+                "current" => Members::Current,
+                "base" => Members::Base,
+                dir => Members::Saved(dir.into()),
+            };
+            pbrl::stages::eval::run(&cfg, &run_dir, &members)?;
         }
     }
     Ok(())

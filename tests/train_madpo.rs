@@ -96,3 +96,27 @@ fn missing_and_empty_rounds() {
     let o = pbrl(&["train-madpo", "--config", "c.toml", "--run-dir", "empty", "--resume"], d);
     assert_eq!(o.status.code(), Some(0), "nothing to resume when there is nothing to train");
 }
+
+/// `pbrl eval --team`: the run's current team, the base models, or any saved team directory.
+#[test]
+fn eval_chooses_its_team() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_train_epochs = 3");
+    let eval = |team: &str| -> Vec<serde_json::Value> {
+        let o = ok(pbrl(&["eval", "--config", "c.toml", "task.eval_file=train.jsonl", "--team", team], d));
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        let report = out.lines().find_map(|l| l.strip_prefix("report: ")).unwrap().trim().to_string();
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join(report)).unwrap()).unwrap();
+        v["items"].as_array().unwrap().iter().map(|r| r["completions"].clone()).collect()
+    };
+    let base = eval("base");
+    ok(pbrl(&["train-madpo", "--config", "c.toml"], d));
+    let current = eval("current");
+    assert_ne!(base, current, "the trained team answers differently from the base models");
+    assert_eq!(eval("run/agents"), current, "a saved team directory is the same team");
+    assert_eq!(eval("base"), base, "the base models, whatever the run trained");
+    let o = pbrl(&["eval", "--config", "c.toml", "task.eval_file=train.jsonl", "--team", "nowhere"], d);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nowhere"));
+}

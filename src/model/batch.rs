@@ -1,6 +1,7 @@
 //! Padded batches of token rows: ids, position ids and the additive attention bias.
 //!
-//! Training and scoring batches are right-padded (positions are plain `arange`); sampling
+//! Training and scoring batches are right-padded (positions count the real tokens, so they are
+//! `arange` over them and padding repeats the last); sampling
 //! batches are left-padded so every row's next token sits in the last column.
 use anyhow::Result;
 use candle_core::{Device, Tensor};

@@ -87,10 +87,10 @@ pub fn save_team(run: &RunDir, models: &[&LoadedModel], sampling: &SamplingParam
     result
 }
 
-/// The run's trained team: `None` when it has none, the agent directories when it has a
-/// complete one of `n` actors, an error for anything else (a partial or mixed team).
-pub fn saved_team(run: &RunDir, n: usize) -> Result<Option<Vec<PathBuf>>> {
-    let dir = run.agents();
+/// The team saved in `dir` (a run's `agents/`): `None` when there is none, the agent
+/// directories when it holds a complete one of `n` actors, an error for anything else (a
+/// partial or mixed team).
+pub fn saved_team(dir: &Path, n: usize) -> Result<Option<Vec<PathBuf>>> {
     if !dir.exists() {
         return Ok(None);
     }

@@ -1,7 +1,8 @@
 //! `pbrl eval`: sample a joint response for each held-out item (the reference samples one;
 //! `eval_samples_per_item` more) and score it with the task reward (after reward_processor).
 //!
-//! 1. load the eval items and the team (trained agents if the run has them);
+//! 1. load the eval items and the team (`--team`: the run's trained agents if it has them, the
+//!    base models, or a saved team directory);
 //! 2. per batch of `eval_batch_size` items, each agent samples `eval_samples_per_item`
 //!    completions per item, each with its own seeded stream (centralized: the one actor writes a
 //!    tagged joint response, parsed into the roles' outputs);
@@ -15,17 +16,17 @@ use crate::config::Config;
 use crate::evaluation::{eval_items, evaluate};
 use crate::run::{atomic_create, RunDir};
 use crate::task::reward::build_reward;
-use crate::team::load_team;
+use crate::team::{load_members, Members};
 
 pub struct EvalReport {
     pub reward_mean: f64,
     pub path: std::path::PathBuf,
 }
 
-pub fn run(cfg: &Config, run_dir: &RunDir) -> Result<EvalReport> {
+pub fn run(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<EvalReport> {
     let items = eval_items(cfg)?.context("eval_num_samples is 0: nothing to evaluate")?;
     let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
-    let team = load_team(cfg, run_dir)?;
+    let team = load_members(cfg, run_dir, members)?;
     let started = std::time::Instant::now();
     let outcome = evaluate(cfg, &team, &items, reward.as_mut(), processor)?;
     let (mean, stderr) = (outcome.reward_mean(), outcome.reward_stderr);

@@ -113,9 +113,25 @@ fn available_memory() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// Load the team: the run's trained agents (`<run_dir>/agents/agent_i`, saved whole by
+/// Which weights a team is made of.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Members {
+    /// The run's trained agents when it has them, else the base models (what stages use).
+    Current,
+    /// The configured base models, whatever the run has trained.
+    Base,
+    /// A team saved whole in a directory (`agents/` of any run: `agent_i` + `team.json`).
+    Saved(std::path::PathBuf),
+}
+
+/// Load the run's current team: its trained agents (`<run_dir>/agents/agent_i`, saved whole by
 /// `run::team::save_team`) when it has them, else the configured base models.
 pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
+    load_members(cfg, run_dir, &Members::Current)
+}
+
+/// Load a team of the given members, each actor on its device with its prompt recipe.
+pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<Vec<Agent>> {
     let roles = cfg.num_agents as usize;
     let n = cfg.num_actors();
     let sources = cfg.agent_sources()?;
@@ -137,8 +153,15 @@ pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
             system_prompts: cfg.task.system_prompts.as_ref().map(|s| (0..roles).map(|r| pick(s, r)).collect()),
         },
     };
-    // The run's trained team when it has one (whole: a partial team is an error), else the base models.
-    let trained = saved_team(run_dir, n)?;
+    // A saved team must be whole (a partial one is an error, never filled with base models).
+    let trained = match members {
+        Members::Current => saved_team(&run_dir.agents(), n)?,
+        Members::Base => None,
+        Members::Saved(dir) => Some(
+            saved_team(dir, n)?
+                .with_context(|| format!("{} holds no saved team (no such directory)", dir.display()))?,
+        ),
+    };
     let template_kwargs = match serde_json::to_value(&cfg.task.chat_template_kwargs)? {
         serde_json::Value::Object(m) => m,
         _ => unreachable!("a TOML table serializes to a JSON object"),
