@@ -103,7 +103,7 @@ fn qwen3_with_qk_norm_matches_transformers() {
 fn qwen3_yarn_matches_transformers() {
     check_family("qwen3_yarn", Architecture::Qwen3);
     let m = LoadedModel::load(fixture("qwen3_yarn").to_str().unwrap(), &Device::Cpu).unwrap();
-    assert!(matches!(m.model.config.rope.scaling, RopeScaling::Yarn { .. }));
+    assert!(matches!(m.model.config.rope.scaling, RopeScaling::Yarn(_)));
 }
 
 /// The model's own template, rendered as `apply_chat_template` renders it.

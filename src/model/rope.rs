@@ -24,16 +24,23 @@ pub enum RopeScaling {
     /// Llama 3.x: low frequencies divided by `factor`, high ones kept, a smooth ramp between.
     Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: usize },
     /// YaRN (Qwen2.5/Qwen3 long context): interpolation ramped by dimension, cos/sin scaled.
-    Yarn {
-        factor: f64,
-        original_max_position_embeddings: usize,
-        beta_fast: f64,
-        beta_slow: f64,
-        mscale: Option<f64>,
-        mscale_all_dim: Option<f64>,
-        attention_factor: Option<f64>,
-        truncate: bool,
-    },
+    Yarn(Yarn),
+}
+
+/// YaRN's settings, as `rope_parameters` names them.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Yarn {
+    pub factor: f64,
+    pub original_max_position_embeddings: usize,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mscale: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mscale_all_dim: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attention_factor: Option<f64>,
+    pub truncate: bool,
 }
 
 /// RoPE settings of a model.
@@ -136,7 +143,7 @@ impl Rope {
                     original_max_position_embeddings: original,
                 }
             }
-            "yarn" => RopeScaling::Yarn {
+            "yarn" => RopeScaling::Yarn(Yarn {
                 // transformers: without `factor`, the ratio of the context to the original one.
                 factor: match f.factor {
                     None => max_position_embeddings as f64 / original as f64,
@@ -150,7 +157,7 @@ impl Rope {
                 mscale_all_dim: f.mscale_all_dim,
                 attention_factor: finite_positive(f.attention_factor, "attention_factor")?,
                 truncate: f.truncate.unwrap_or(true),
-            },
+            }),
             other => bail!(
                 "`{field}`: RoPE type `{other}` is not supported (pbrl implements default, linear, dynamic, llama3, yarn)"
             ),
@@ -177,26 +184,10 @@ impl Rope {
                     "low_freq_factor": low_freq_factor, "high_freq_factor": high_freq_factor,
                     "original_max_position_embeddings": original_max_position_embeddings});
             }
-            RopeScaling::Yarn {
-                factor,
-                original_max_position_embeddings,
-                beta_fast,
-                beta_slow,
-                mscale,
-                mscale_all_dim,
-                attention_factor,
-                truncate,
-            } => {
-                v = json!({"rope_theta": self.theta, "rope_type": "yarn", "factor": factor,
-                    "original_max_position_embeddings": original_max_position_embeddings,
-                    "beta_fast": beta_fast, "beta_slow": beta_slow, "truncate": truncate});
-                for (k, x) in
-                    [("mscale", mscale), ("mscale_all_dim", mscale_all_dim), ("attention_factor", attention_factor)]
-                {
-                    if let Some(x) = x {
-                        v[k] = json!(x);
-                    }
-                }
+            RopeScaling::Yarn(y) => {
+                v = serde_json::to_value(y).expect("plain fields serialize");
+                v["rope_theta"] = json!(self.theta);
+                v["rope_type"] = json!("yarn");
             }
         }
         v
@@ -228,7 +219,7 @@ impl Rope {
                     .collect();
                 (inv, 1.0)
             }
-            RopeScaling::Yarn {
+            RopeScaling::Yarn(Yarn {
                 factor,
                 original_max_position_embeddings,
                 beta_fast,
@@ -237,7 +228,7 @@ impl Rope {
                 mscale_all_dim,
                 attention_factor,
                 truncate,
-            } => {
+            }) => {
                 let original = *original_max_position_embeddings as f64;
                 let get_mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
                 let attention = attention_factor.unwrap_or(match (mscale, mscale_all_dim) {
@@ -327,7 +318,7 @@ mod tests {
     fn yarn_attention_factor_and_ramp() {
         let y = |attention_factor| Rope {
             theta: 10000.0,
-            scaling: RopeScaling::Yarn {
+            scaling: RopeScaling::Yarn(Yarn {
                 factor: 4.0,
                 original_max_position_embeddings: 32,
                 beta_fast: 32.0,
@@ -336,7 +327,7 @@ mod tests {
                 mscale_all_dim: None,
                 attention_factor,
                 truncate: true,
-            },
+            }),
         };
         let (inv, att) = y(None).inv_freq(16);
         assert!((att - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
