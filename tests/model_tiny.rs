@@ -296,3 +296,50 @@ fn shared_prompts_are_prefilled_once_without_changing_samples() {
     }
     assert_ne!(batched[0], batched[2], "different seeds, different candidates");
 }
+
+/// Per-token log-probs of a rollout (what RL and KL terms need) equal log_softmax of one plain
+/// forward pass over prompt + completion, and sum to the sequence log-prob.
+#[test]
+fn rollout_log_probs_equal_a_plain_forward() {
+    use pbrl::config::Config;
+    use pbrl::team::rollout::{add_log_probs, rollout};
+    common::init();
+    let d = tempfile::tempdir().unwrap();
+    tiny_model(Architecture::Qwen3, false, 5, DType::F32).unwrap().save_hf_dir(&d.path().join("m"), None).unwrap();
+    let toml = format!(
+        "agent_model = \"{}\"\nmax_new_tokens = 5\ntemperature = 1.0\ntop_p = 1.0\ntop_k = \"none\"\n[task]\nchat_template = false\n",
+        d.path().join("m").display()
+    );
+    let cfg = Config::from_toml_str(&toml, "t.toml", &[]).unwrap();
+    let team = pbrl::team::load_team(&cfg, &pbrl::run::RunDir::new(d.path().join("run"))).unwrap();
+    let items: Vec<pbrl::task::TaskItem> =
+        ["w1 w2 w3", "w4"].iter().map(|p| serde_json::json!({ "prompt": p }).as_object().unwrap().clone()).collect();
+    let mut out = rollout(&team, &items, 2, &cfg.sampling(), |j, a, k| (j * 10 + a * 3 + k) as u64, |_| {}).unwrap();
+    add_log_probs(&team, &mut out).unwrap();
+    for (j, responses) in out.responses.iter().enumerate() {
+        for joint in responses {
+            for (a, c) in joint.iter().enumerate() {
+                let m = &team[a].model;
+                let lp = c.log_probs.as_ref().unwrap();
+                assert_eq!(lp.len(), c.ids.len());
+                let prompt = m.tokenizer.encode(&out.prompts[j][a]).unwrap();
+                let seq = [prompt.clone(), c.ids.clone()].concat();
+                let batch = PaddedBatch::new(&[seq.clone()], 0, Padding::Right, &candle_core::Device::Cpu).unwrap();
+                let logits = m.model.forward(&batch.ids, &batch.positions, &batch.bias, None, Mode::Infer).unwrap();
+                let logp = candle_nn::ops::log_softmax(&logits.squeeze(0).unwrap(), 1).unwrap();
+                let logp: Vec<Vec<f32>> = logp.to_vec2().unwrap();
+                for (t, &id) in c.ids.iter().enumerate() {
+                    let want = logp[prompt.len() - 1 + t][id as usize];
+                    assert!((lp[t] - want).abs() < 1e-4, "token {t}: {} vs {want}", lp[t]);
+                }
+                let row = ScoreRow { prompt, completion: c.ids.clone() };
+                let sum: f32 = sequence_log_probs(&m.model, &[row], LastToken::Include, 0, Mode::Infer)
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()[0];
+                assert!((sum - lp.iter().sum::<f32>()).abs() < 1e-4);
+                assert_eq!(c.finished, m.tokenizer.stop_ids.contains(c.ids.last().unwrap()));
+            }
+        }
+    }
+}

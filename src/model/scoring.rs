@@ -1,5 +1,6 @@
-//! Sequence log-probabilities of completions given prompts: the quantity every preference loss
-//! is built from.
+//! Log-probabilities of completions given prompts: summed per row (`sequence_log_probs`, what
+//! every preference loss is built from) or per token (`token_log_probs`, what RL and KL terms
+//! need).
 //!
 //! Only the positions that predict completion tokens go through the LM head, and the log-prob of
 //! a token is `logit[target] - logsumexp(logits)`: no full log_softmax copy of the vocabulary is
@@ -30,14 +31,24 @@ pub enum LastToken {
 /// so it stays near the length of one prompt with its completions.
 const PACK_TOKENS: usize = 256;
 
+/// Per-token log-probs of a batch of rows: `values` (n,) holds every scored token's
+/// log p(token | prefix), differentiable in `Mode::Train`; row `i`'s tokens are
+/// `values[spans[i]]`, in completion order (empty for a row with nothing to score).
+pub struct TokenLogProbs {
+    pub values: Tensor,
+    pub spans: Vec<std::ops::Range<usize>>,
+}
+
+impl TokenLogProbs {
+    /// Row `i`'s per-token log-probs as numbers.
+    pub fn row(&self, i: usize) -> Result<Vec<f32>> {
+        let span = &self.spans[i];
+        Ok(self.values.narrow(0, span.start, span.len())?.to_dtype(candle_core::DType::F32)?.to_vec1()?)
+    }
+}
+
 /// Σ log p(completion token | prefix) for each row, shape (rows,). Differentiable in
 /// `Mode::Train`; in the model's dtype. A row with nothing to score gets 0.
-///
-/// Rows with the same prompt share one copy of it (a preference pair's winner and loser do):
-/// a packed sequence holds `prompt, completion 1, completion 2, …` per prompt, each completion
-/// attending to its prompt and its own earlier tokens only, its positions continuing from the
-/// prompt's. The log-probs are those of each row scored alone (tested against transformers);
-/// the forward and backward passes see each shared prompt once and no padding between rows.
 pub fn sequence_log_probs(
     model: &CausalLm,
     rows: &[ScoreRow],
@@ -47,6 +58,36 @@ pub fn sequence_log_probs(
 ) -> Result<Tensor> {
     let dev = model.device().clone();
     let b = rows.len();
+    let Some(tokens) = token_log_probs(model, rows, last, pad_id, mode)? else {
+        return Ok(Tensor::zeros(b, model.dtype(), &dev)?);
+    };
+    // Sum per row with a 0/1 ownership matrix (b, n): differentiable and one small GEMM.
+    let n = tokens.values.dim(0)?;
+    let mut own = vec![0f32; b * n];
+    for (r, span) in tokens.spans.iter().enumerate() {
+        for j in span.clone() {
+            own[r * n + j] = 1.0;
+        }
+    }
+    let own = Tensor::from_vec(own, (b, n), &dev)?.to_dtype(tokens.values.dtype())?;
+    Ok(own.matmul(&tokens.values.unsqueeze(1)?)?.squeeze(1)?)
+}
+
+/// log p(completion token | prefix) of every scored token (`None` when no row has one).
+///
+/// Rows with the same prompt share one copy of it (a preference pair's winner and loser do):
+/// a packed sequence holds `prompt, completion 1, completion 2, …` per prompt, each completion
+/// attending to its prompt and its own earlier tokens only, its positions continuing from the
+/// prompt's. The log-probs are those of each row scored alone (tested against transformers);
+/// the forward and backward passes see each shared prompt once and no padding between rows.
+pub fn token_log_probs(
+    model: &CausalLm,
+    rows: &[ScoreRow],
+    last: LastToken,
+    pad_id: u32,
+    mode: Mode,
+) -> Result<Option<TokenLogProbs>> {
+    let dev = model.device().clone();
     let n_scored = |r: &ScoreRow| match last {
         LastToken::Include => r.completion.len(),
         LastToken::Exclude => r.completion.len().saturating_sub(1),
@@ -63,7 +104,7 @@ pub fn sequence_log_probs(
         }
     }
     if groups.is_empty() {
-        return Ok(Tensor::zeros(b, model.dtype(), &dev)?);
+        return Ok(None);
     }
     // A group's input: the prompt, then each completion without its last token.
     let group_len =
@@ -90,7 +131,7 @@ pub fn sequence_log_probs(
     let mut bias = vec![MASKED; packs.len() * len * len];
     let mut positions = Vec::new(); // flat index into (packs · len) of each scored position
     let mut targets = Vec::new();
-    let mut owner = Vec::new(); // row of each scored position
+    let mut spans = vec![0..0; rows.len()]; // each row's scored positions, contiguous
     for (k, pack) in packs.iter().enumerate() {
         let base = k * len;
         let mut t = 0; // next free column of this packed sequence
@@ -113,13 +154,14 @@ pub fn sequence_log_probs(
             for &i in members {
                 let c = &rows[i].completion;
                 let branch_start = t;
+                let first = positions.len();
                 // completion[0] is predicted by the prompt's last token, completion[k] by completion[k-1].
                 for (k, &target) in c.iter().take(n_scored(&rows[i])).enumerate() {
                     let col = if k == 0 { prompt_start + p - 1 } else { branch_start + k - 1 };
                     positions.push((base + col) as u32);
                     targets.push(target);
-                    owner.push(i);
                 }
+                spans[i] = first..positions.len();
                 for (j, &id) in c[..c.len() - 1].iter().enumerate() {
                     put(&mut t, id, p + j, branch_start);
                 }
@@ -131,16 +173,8 @@ pub fn sequence_log_probs(
     let pos = Tensor::from_vec(pos, (n_packs, len), &dev)?;
     let bias = Tensor::from_vec(bias, (n_packs, 1, len, len), &dev)?;
     let hidden = model.forward_rows(&ids, &pos, &bias, None, mode)?; // (packs·len, h)
-    let n = positions.len();
     let picked = hidden.index_select(&Tensor::new(positions.as_slice(), &dev)?, 0)?;
     let logits = model.lm_head(&picked)?; // (n, vocab)
-    let token_lp = super::ops::token_log_probs(&logits, &Tensor::new(targets.as_slice(), &dev)?)?; // (n,)
-
-    // Sum per row with a 0/1 ownership matrix (b, n): differentiable and one small GEMM.
-    let mut own = vec![0f32; b * n];
-    for (j, &r) in owner.iter().enumerate() {
-        own[r * n + j] = 1.0;
-    }
-    let own = Tensor::from_vec(own, (b, n), &dev)?.to_dtype(token_lp.dtype())?;
-    Ok(own.matmul(&token_lp.unsqueeze(1)?)?.squeeze(1)?)
+    let values = super::ops::token_log_probs(&logits, &Tensor::new(targets.as_slice(), &dev)?)?; // (n,)
+    Ok(Some(TokenLogProbs { values, spans }))
 }

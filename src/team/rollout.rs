@@ -5,6 +5,8 @@ use anyhow::Result;
 
 use super::Agent;
 use crate::model::sampling::{sample, SampleRequest, SamplingParams};
+use crate::model::scoring::{token_log_probs, LastToken, ScoreRow};
+use crate::model::Mode;
 use crate::task::TaskItem;
 
 /// What an actor produced for one request.
@@ -16,6 +18,9 @@ pub struct Completion {
     pub text: String,
     /// It ended with a stop token (not cut at `max_new_tokens`).
     pub finished: bool,
+    /// log p(token | prefix) of each generated token under the actor that sampled it, when
+    /// asked for ([`add_log_probs`]); the untempered distribution, as RL and KL terms need.
+    pub log_probs: Option<Vec<f32>>,
 }
 
 /// The joint responses of a team to a batch of items.
@@ -60,11 +65,38 @@ pub fn rollout(
         for (r, ids) in out.into_iter().enumerate() {
             let finished = ids.last().is_some_and(|t| tok.stop_ids.contains(t));
             let text = tok.decode(&ids)?;
-            responses[r / n][r % n].push(Completion { ids, text, finished });
+            responses[r / n][r % n].push(Completion { ids, text, finished, log_probs: None });
         }
         for (j, t) in texts.into_iter().enumerate() {
             prompts[j].push(t);
         }
     }
     Ok(Rollout { prompts, responses })
+}
+
+/// Score every completion of a rollout under the actor that produced it (no gradients) and
+/// keep its per-token log-probs.
+pub fn add_log_probs(team: &[Agent], out: &mut Rollout) -> Result<()> {
+    for (a, agent) in team.iter().enumerate() {
+        let tok = &agent.model.tokenizer;
+        let mut rows = Vec::new();
+        for (j, responses) in out.responses.iter().enumerate() {
+            let prompt = tok.encode(&out.prompts[j][a])?;
+            for joint in responses {
+                rows.push(ScoreRow { prompt: prompt.clone(), completion: joint[a].ids.clone() });
+            }
+        }
+        let scored = token_log_probs(&agent.model.model, &rows, LastToken::Include, tok.pad_id, Mode::Infer)?;
+        let mut r = 0;
+        for responses in out.responses.iter_mut() {
+            for joint in responses.iter_mut() {
+                joint[a].log_probs = Some(match &scored {
+                    Some(t) => t.row(r)?,
+                    None => Vec::new(),
+                });
+                r += 1;
+            }
+        }
+    }
+    Ok(())
 }
