@@ -43,6 +43,9 @@ fn collect_writes_deterministic_rounds_with_valid_pairs() {
         assert!(p.winner_reward > p.loser_reward);
         assert_eq!(p.prompts.len(), 2);
         assert!(p.prompts[1].ends_with(" w9"), "prompts hold the exact formatted text: {:?}", p.prompts);
+        for flags in [&p.winner_finished, &p.loser_finished] {
+            assert_eq!(flags.as_ref().map(|f| f.len()), Some(2), "one stop flag per actor");
+        }
     }
     // At most 3 pairs per item: count pairs per prompt.
     let mut per_item = std::collections::HashMap::new();

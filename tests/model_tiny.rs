@@ -324,7 +324,8 @@ fn rollout_log_probs_equal_a_plain_forward() {
                 assert_eq!(lp.len(), c.ids.len());
                 let prompt = m.tokenizer.encode(&out.prompts[j][a]).unwrap();
                 let seq = [prompt.clone(), c.ids.clone()].concat();
-                let batch = PaddedBatch::new(std::slice::from_ref(&seq), 0, Padding::Right, &candle_core::Device::Cpu).unwrap();
+                let batch =
+                    PaddedBatch::new(std::slice::from_ref(&seq), 0, Padding::Right, &candle_core::Device::Cpu).unwrap();
                 let logits = m.model.forward(&batch.ids, &batch.positions, &batch.bias, None, Mode::Infer).unwrap();
                 let logp = candle_nn::ops::log_softmax(&logits.squeeze(0).unwrap(), 1).unwrap();
                 let logp: Vec<Vec<f32>> = logp.to_vec2().unwrap();

@@ -15,8 +15,9 @@ use crate::prefs::PreferencePair;
 /// The reference scorer (`LastToken::Exclude`) sees the completion without its end-of-turn
 /// token (generation pads with it and the scorer trims at the first pad) and leaves the last
 /// content token out. With `LastToken::Include` every token the actor produced is scored: the
-/// end-of-turn token is put back on completions that ended, those shorter than `max_new_tokens`;
-/// one cut off at the limit gets none, so an actor is never taught to stop where it did not.
+/// end-of-turn token is put back on completions that ended (the round's `winner_finished` /
+/// `loser_finished`; in rounds without them, those shorter than `max_new_tokens`); one cut off
+/// at the limit gets none, so an actor is never taught to stop where it did not.
 pub fn agent_rows(
     tok: &ChatTokenizer,
     a: usize,
@@ -25,15 +26,16 @@ pub fn agent_rows(
     last: LastToken,
 ) -> Result<Vec<ScoreRow>> {
     let eos = tok.stop_ids[0];
-    let row = |prompt: &str, completion: &str| -> Result<ScoreRow> {
+    let row = |prompt: &str, completion: &str, finished: Option<&Vec<bool>>| -> Result<ScoreRow> {
         let mut c = tok.encode(completion)?;
-        if last == LastToken::Include && c.len() < max_new_tokens {
+        let ended = finished.and_then(|f| f.get(a).copied()).unwrap_or(c.len() < max_new_tokens);
+        if last == LastToken::Include && ended {
             c.push(eos);
         }
         Ok(ScoreRow { prompt: tok.encode(prompt)?, completion: c })
     };
-    let winners = batch.iter().map(|p| row(&p.prompts[a], &p.winner_completions[a]));
-    let losers = batch.iter().map(|p| row(&p.prompts[a], &p.loser_completions[a]));
+    let winners = batch.iter().map(|p| row(&p.prompts[a], &p.winner_completions[a], p.winner_finished.as_ref()));
+    let losers = batch.iter().map(|p| row(&p.prompts[a], &p.loser_completions[a], p.loser_finished.as_ref()));
     winners.chain(losers).collect()
 }
 
@@ -72,5 +74,45 @@ pub fn scorer(centralized: bool, score_last_token: bool) -> LastToken {
         LastToken::Include
     } else {
         LastToken::Exclude
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tiny::word_tokenizer;
+
+    fn pair(finished: Option<Vec<bool>>) -> PreferencePair {
+        PreferencePair {
+            prompts: vec!["w1".into(), "w2".into()],
+            winner_completions: vec!["w3 w4".into(), "w5".into()],
+            loser_completions: vec!["w6".into(), "w7".into()],
+            winner_reward: 1.0,
+            loser_reward: 0.0,
+            candidate_reward_mean: 0.5,
+            raw_rewards: None,
+            target_raw_reward: None,
+            comparator_raw_reward: None,
+            winner_finished: finished.clone(),
+            loser_finished: finished,
+        }
+    }
+
+    #[test]
+    fn the_end_of_turn_token_follows_the_rounds_finished_flags() {
+        let tok = word_tokenizer(20).unwrap();
+        let eos = tok.stop_ids[0];
+        // No flags (a CoMLRL round): shorter than max_new_tokens means it ended.
+        let rows = agent_rows(&tok, 0, &[&pair(None)], 8, LastToken::Include).unwrap();
+        assert_eq!(rows[0].completion.last(), Some(&eos));
+        // Flags: actor 0's completions were cut, actor 1's ended.
+        let p = pair(Some(vec![false, true]));
+        let a0 = agent_rows(&tok, 0, &[&p], 8, LastToken::Include).unwrap();
+        assert!(a0.iter().all(|r| r.completion.last() != Some(&eos)), "cut completions get no end-of-turn");
+        let a1 = agent_rows(&tok, 1, &[&p], 8, LastToken::Include).unwrap();
+        assert!(a1.iter().all(|r| r.completion.last() == Some(&eos)));
+        // The reference scorer never sees it.
+        let ex = agent_rows(&tok, 1, &[&p], 8, LastToken::Exclude).unwrap();
+        assert!(ex.iter().all(|r| r.completion.last() != Some(&eos)));
     }
 }

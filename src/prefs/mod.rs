@@ -31,6 +31,13 @@ pub struct PreferencePair {
     pub target_raw_reward: Option<f64>,
     #[serde(default)]
     pub comparator_raw_reward: Option<f64>,
+    /// pbrl's own: whether each actor's winning / losing completion ended with a stop token
+    /// (false: cut at max_new_tokens). Absent in rounds written by CoMLRL or older pbrl, where
+    /// the scorer falls back to "shorter than max_new_tokens".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub winner_finished: Option<Vec<bool>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loser_finished: Option<Vec<bool>>,
 }
 
 /// `iteration_NNNN.json`: one round of preference pairs.
@@ -118,6 +125,8 @@ mod tests {
             raw_rewards: None,
             target_raw_reward: None,
             comparator_raw_reward: None,
+            winner_finished: None,
+            loser_finished: None,
         }
     }
 

@@ -121,6 +121,8 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
                     raw_rewards: None,
                     target_raw_reward: None,
                     comparator_raw_reward: None,
+                    winner_finished: Some(out.responses[j][w].iter().map(|c| c.finished).collect()),
+                    loser_finished: Some(out.responses[j][l].iter().map(|c| c.finished).collect()),
                 });
             }
             all_raw.extend(raw);
