@@ -1,5 +1,11 @@
 //! The team: one model per actor (per agent, or the one centralized actor), on its device, with
-//! the recipe for its prompts.
+//! the recipe for its prompts; which weights it is made of ([`Members`]: the run's current team,
+//! the base models, a saved team); what it can hold ([`check_fits`]). `collab.rs` holds the roles
+//! and the centralized joint prompt, `rollout.rs` the one function that samples the team's
+//! joint responses.
+pub mod collab;
+pub mod rollout;
+
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
@@ -9,10 +15,7 @@ use crate::model::LoadedModel;
 use crate::run::team::saved_team;
 use crate::run::RunDir;
 use crate::task::{render_template, TaskItem};
-use crate::team::collab::{joint_prompt, Collaboration};
-
-pub mod collab;
-pub mod rollout;
+use collab::{joint_prompt, Collaboration};
 
 pub struct Agent {
     pub index: usize,
