@@ -90,11 +90,15 @@ pub fn evaluate(
     }
     bar.finish_and_clear();
     let reward_stderr = stderr_over_items(&rewards, k);
-    let mean = rewards.iter().sum::<f64>() / rewards.len().max(1) as f64;
+    let out = Evaluation { records, rewards, reward_stderr, tokens: generated };
+    let mean = out.reward_mean();
     if !(mean.is_finite() && reward_stderr.is_finite()) {
-        bail!("the eval rewards overflow when averaged (mean {mean}, standard error {reward_stderr}); lower reward.scale / reward.shift");
+        bail!(
+            "the eval rewards overflow when averaged (mean {mean}, standard error {reward_stderr}); lower reward.scale \
+             / reward.shift"
+        );
     }
-    Ok(Evaluation { records, rewards, reward_stderr, tokens: generated })
+    Ok(out)
 }
 
 /// The seed of agent `agent`'s sample `sample` for eval item `item`. Sample 0 keeps the

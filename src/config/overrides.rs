@@ -75,7 +75,11 @@ fn place_of(key: &str, text: &str, origin: &str, overrides: &[Override]) -> Stri
     if let Some(o) = overrides.iter().rev().find(|o| o.key == key) {
         return format!("command-line override `{}={}`", o.key, o.value);
     }
-    let leaf = key.rsplit('.').next().unwrap_or(key);
+    file_place(key.rsplit('.').next().unwrap_or(key), text, origin)
+}
+
+/// `FILE line N` for the line that sets `leaf` (`FILE` alone when none does).
+fn file_place(leaf: &str, text: &str, origin: &str) -> String {
     let line = text
         .lines()
         .position(|l| {
@@ -142,19 +146,7 @@ pub(super) fn describe_de_error(
             .map(|c| format!("; did you mean `{}`?", qualify(c)))
             .unwrap_or_default();
         let from_override = overrides.iter().any(|o| o.key == full);
-        let place = if from_override {
-            "command-line override".to_string()
-        } else {
-            let line = text
-                .lines()
-                .position(|l| {
-                    l.trim_start().starts_with(key)
-                        && l[l.find(key).unwrap() + key.len()..].trim_start().starts_with('=')
-                })
-                .map(|i| format!(" line {}", i + 1))
-                .unwrap_or_default();
-            format!("{origin}{line}")
-        };
+        let place = if from_override { "command-line override".to_string() } else { file_place(key, text, origin) };
         return ConfigError(format!("{place}: unknown key `{full}`{hint}"));
     }
     let path = e.path().to_string();

@@ -121,6 +121,12 @@ impl TokenIds {
     }
 }
 
+/// The ids of a `*_token_id` field of any Hugging Face JSON file (one id or a list; none when
+/// absent or of another shape).
+pub fn token_ids(v: &Value) -> Vec<u32> {
+    TokenIds::deserialize(v).map(TokenIds::ids).unwrap_or_default()
+}
+
 /// The fields of a `config.json` that pbrl reads. Others are kept verbatim for export
 /// (`ModelFiles::config_json`) but do not change the computation; the ones that would are in
 /// the `refused` list of [`ModelConfig::from_hf_json`].
@@ -359,6 +365,15 @@ impl ModelConfig {
         Ok(self)
     }
 
+    /// `eos_token_id` as transformers writes it: one id, or the list when there are several.
+    pub fn eos_token_id_json(&self) -> Option<Value> {
+        match self.eos_token_ids.as_slice() {
+            [] => None,
+            [e] => Some(json!(e)),
+            many => Some(json!(many)),
+        }
+    }
+
     /// A `config.json` that transformers (and pbrl) load back, for a model whose source had none
     /// (a GGUF file, a test model). RoPE is written in both layouts, so transformers 4 and 5 read
     /// the same base.
@@ -387,10 +402,8 @@ impl ModelConfig {
         if let Some(b) = self.bos_token_id {
             v["bos_token_id"] = json!(b);
         }
-        match self.eos_token_ids.as_slice() {
-            [] => {}
-            [e] => v["eos_token_id"] = json!(e),
-            many => v["eos_token_id"] = json!(many),
+        if let Some(e) = self.eos_token_id_json() {
+            v["eos_token_id"] = e;
         }
         match self.architecture {
             Architecture::Llama => {

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use serde_json::{json, Value};
 
-use super::config::ModelConfig;
+use super::config::{token_ids, ModelConfig};
 use super::sampling::SamplingParams;
 use super::tokenizer::{chat_tokenizer_from_dir, chat_tokenizer_from_gguf, ChatTokenizer};
 use super::transformer::CausalLm;
@@ -177,10 +177,8 @@ impl LoadedModel {
             if let Some(b) = config.bos_token_id {
                 g["bos_token_id"] = b.into();
             }
-            match config.eos_token_ids.as_slice() {
-                [] => {}
-                [e] => g["eos_token_id"] = json!(e),
-                many => g["eos_token_id"] = json!(many),
+            if let Some(e) = config.eos_token_id_json() {
+                g["eos_token_id"] = e;
             }
             g["pad_token_id"] = self.tokenizer.pad_id.into();
             g
@@ -304,7 +302,19 @@ fn load_hf_dir(dir: &Path, device: &Device) -> Result<Loaded> {
     let cfg_path = dir.join("config.json");
     let cfg_json = read_json(&cfg_path)?;
     let config = ModelConfig::from_hf_json(&cfg_json).with_context(|| cfg_path.display().to_string())?;
-    let generation = optional_json(dir, "generation_config.json")?;
+    let jinja = dir.join("chat_template.jinja");
+    let chat_template_jinja = if jinja.is_file() {
+        Some(std::fs::read_to_string(&jinja).with_context(|| format!("reading {}", jinja.display()))?)
+    } else {
+        None
+    };
+    let source_files = SourceFiles {
+        config_json: Some(cfg_json),
+        tokenizer_config_json: optional_json(dir, "tokenizer_config.json")?,
+        special_tokens_map_json: optional_json(dir, "special_tokens_map.json")?,
+        chat_template_jinja,
+        generation_config_json: optional_json(dir, "generation_config.json")?,
+    };
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -321,20 +331,10 @@ fn load_hf_dir(dir: &Path, device: &Device) -> Result<Loaded> {
     }
     // Generation stops at every end-of-sequence id config.json or generation_config.json names.
     let mut eos_ids = config.eos_token_ids.clone();
-    match generation.as_ref().map(|g| &g["eos_token_id"]) {
-        Some(Value::Number(n)) => eos_ids.extend(n.as_u64().map(|n| n as u32)),
-        Some(Value::Array(a)) => eos_ids.extend(a.iter().filter_map(|n| n.as_u64()).map(|n| n as u32)),
-        _ => {}
+    if let Some(g) = &source_files.generation_config_json {
+        eos_ids.extend(token_ids(&g["eos_token_id"]));
     }
-    let tokenizer = chat_tokenizer_from_dir(dir, &eos_ids)?;
-    let jinja = dir.join("chat_template.jinja");
-    let source_files = SourceFiles {
-        config_json: Some(cfg_json),
-        tokenizer_config_json: optional_json(dir, "tokenizer_config.json")?,
-        special_tokens_map_json: optional_json(dir, "special_tokens_map.json")?,
-        chat_template_jinja: if jinja.is_file() { Some(std::fs::read_to_string(&jinja)?) } else { None },
-        generation_config_json: generation,
-    };
+    let tokenizer = chat_tokenizer_from_dir(dir, &source_files, &eos_ids)?;
     Ok((varmap_from(tensors)?, config, tokenizer, source_files))
 }
 

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use tokenizers::Tokenizer;
 
 use super::chat_template::{ChatTemplate, Message};
+use super::load::SourceFiles;
 
 /// The special tokens transformers hands a chat template (its `special_tokens_map`), by name.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -238,24 +239,18 @@ fn token_name(v: &Value) -> Option<String> {
     v.as_str().map(str::to_string).or_else(|| v["content"].as_str().map(str::to_string))
 }
 
-fn read_json(p: &Path) -> Result<Value> {
-    let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
-    serde_json::from_slice(&bytes).with_context(|| format!("{}: invalid JSON", p.display()))
-}
-
-/// Load a Hugging Face directory's tokenizer: `tokenizer.json`, the special tokens of
-/// `tokenizer_config.json` (else `special_tokens_map.json`), and the chat template from
-/// `chat_template.jinja` (transformers 5) or else `tokenizer_config.json`'s `chat_template`.
-pub fn chat_tokenizer_from_dir(dir: &Path, eos_ids: &[u32]) -> Result<ChatTokenizer> {
+/// Load a Hugging Face directory's tokenizer from `tokenizer.json` and the directory's other
+/// files, already read (`SourceFiles`): the special tokens of `tokenizer_config.json` (else
+/// `special_tokens_map.json`), and the chat template from `chat_template.jinja`
+/// (transformers 5) or else `tokenizer_config.json`'s `chat_template`.
+pub fn chat_tokenizer_from_dir(dir: &Path, files: &SourceFiles, eos_ids: &[u32]) -> Result<ChatTokenizer> {
     let tok_path = dir.join("tokenizer.json");
     if !tok_path.is_file() {
         bail!("{}: no tokenizer.json", dir.display());
     }
     let tokenizer = Tokenizer::from_file(&tok_path).map_err(|e| anyhow!("{}: {e}", tok_path.display()))?;
-    let cfg_path = dir.join("tokenizer_config.json");
-    let cfg = if cfg_path.is_file() { read_json(&cfg_path)? } else { Value::Null };
-    let map_path = dir.join("special_tokens_map.json");
-    let map = if map_path.is_file() { read_json(&map_path)? } else { Value::Null };
+    let cfg = files.tokenizer_config_json.as_ref().unwrap_or(&Value::Null);
+    let map = files.special_tokens_map_json.as_ref().unwrap_or(&Value::Null);
     let pick = |k: &str| token_name(&cfg[k]).or_else(|| token_name(&map[k]));
     let special = SpecialTokens {
         bos: pick("bos_token"),
@@ -263,26 +258,27 @@ pub fn chat_tokenizer_from_dir(dir: &Path, eos_ids: &[u32]) -> Result<ChatTokeni
         pad: pick("pad_token"),
         unk: pick("unk_token"),
     };
-    let jinja = dir.join("chat_template.jinja");
-    let template = if jinja.is_file() {
-        Some(std::fs::read_to_string(&jinja).with_context(|| format!("reading {}", jinja.display()))?)
-    } else {
-        match &cfg["chat_template"] {
-            Value::Null => None,
-            Value::String(s) => Some(s.clone()),
-            // A list of named templates: the one called "default" is what apply_chat_template uses.
-            Value::Array(list) => Some(
-                list.iter()
-                    .find(|t| t["name"] == "default")
-                    .and_then(|t| t["template"].as_str())
-                    .map(str::to_string)
-                    .with_context(|| {
-                    format!("{}: `chat_template` lists no template named \"default\"", cfg_path.display())
-                })?,
-            ),
-            _ => bail!("{}: `chat_template` is neither a string nor a list of named templates", cfg_path.display()),
+    let cfg_path = dir.join("tokenizer_config.json");
+    let (template, origin) = match &files.chat_template_jinja {
+        Some(t) => (Some(t.clone()), dir.join("chat_template.jinja")),
+        None => {
+            let t = match &cfg["chat_template"] {
+                Value::Null => None,
+                Value::String(s) => Some(s.clone()),
+                // A list of named templates: the one called "default" is what apply_chat_template uses.
+                Value::Array(list) => Some(
+                    list.iter()
+                        .find(|t| t["name"] == "default")
+                        .and_then(|t| t["template"].as_str())
+                        .map(str::to_string)
+                        .with_context(|| {
+                            format!("{}: `chat_template` lists no template named \"default\"", cfg_path.display())
+                        })?,
+                ),
+                _ => bail!("{}: `chat_template` is neither a string nor a list of named templates", cfg_path.display()),
+            };
+            (t, cfg_path)
         }
     };
-    let where_ = if jinja.is_file() { jinja } else { cfg_path };
-    ChatTokenizer::new(tokenizer, template, special, eos_ids).with_context(|| where_.display().to_string())
+    ChatTokenizer::new(tokenizer, template, special, eos_ids).with_context(|| origin.display().to_string())
 }

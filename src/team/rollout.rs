@@ -28,6 +28,8 @@ pub struct Completion {
 pub struct Rollout {
     /// `prompts[j][a]`: the exact text actor `a` was given for item `j`.
     pub prompts: Vec<Vec<String>>,
+    /// `prompt_ids[j][a]`: that text as actor `a`'s token ids.
+    pub prompt_ids: Vec<Vec<Vec<u32>>>,
     /// `responses[j][k][a]`: actor `a`'s completion in joint response `k` of item `j`.
     pub responses: Vec<Vec<Vec<Completion>>>,
 }
@@ -50,6 +52,7 @@ pub fn rollout(
     mut on_tokens: impl FnMut(usize),
 ) -> Result<Rollout> {
     let mut prompts: Vec<Vec<String>> = vec![Vec::with_capacity(team.len()); items.len()];
+    let mut prompt_ids: Vec<Vec<Vec<u32>>> = vec![Vec::with_capacity(team.len()); items.len()];
     let mut responses: Vec<Vec<Vec<Completion>>> = vec![vec![Vec::with_capacity(team.len()); n]; items.len()];
     for agent in team {
         let tok = &agent.model.tokenizer;
@@ -60,6 +63,7 @@ pub fn rollout(
             for k in 0..n {
                 requests.push(SampleRequest { prompt: ids.clone(), seed: seed(j, agent.index, k) });
             }
+            prompt_ids[j].push(ids);
         }
         let out = sample(&agent.model.model, &requests, params, &tok.stop_ids, tok.pad_id, &mut on_tokens)?;
         for (r, ids) in out.into_iter().enumerate() {
@@ -71,7 +75,7 @@ pub fn rollout(
             prompts[j].push(t);
         }
     }
-    Ok(Rollout { prompts, responses })
+    Ok(Rollout { prompts, prompt_ids, responses })
 }
 
 /// Score every completion of a rollout under the actor that produced it (no gradients) and
@@ -81,9 +85,8 @@ pub fn add_log_probs(team: &[Agent], out: &mut Rollout) -> Result<()> {
         let tok = &agent.model.tokenizer;
         let mut rows = Vec::new();
         for (j, responses) in out.responses.iter().enumerate() {
-            let prompt = tok.encode(&out.prompts[j][a])?;
             for joint in responses {
-                rows.push(ScoreRow { prompt: prompt.clone(), completion: joint[a].ids.clone() });
+                rows.push(ScoreRow { prompt: out.prompt_ids[j][a].clone(), completion: joint[a].ids.clone() });
             }
         }
         let scored = token_log_probs(&agent.model.model, &rows, LastToken::Include, tok.pad_id, Mode::Infer)?;
