@@ -4,10 +4,11 @@
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
-use crate::config::Config;
+use crate::config::{Config, EvalSplit};
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
 use crate::task::reward::{RewardProcessor, TaskReward};
+use crate::task::split::held_out_items;
 use crate::task::{load_items, TaskItem};
 use crate::team::collab::Collaboration;
 use crate::team::rollout::rollout;
@@ -25,6 +26,20 @@ pub fn eval_items(cfg: &Config) -> Result<Option<Vec<TaskItem>>> {
     Ok(Some(items))
 }
 
+/// The items of the periodic evaluation during training: the eval file's (as `pbrl eval`), or
+/// with `eval_split = x` the held-out train items; at most `eval_num_samples`.
+pub fn periodic_eval_items(cfg: &Config) -> Result<Option<Vec<TaskItem>>> {
+    match cfg.eval_split {
+        EvalSplit::EvalFile => eval_items(cfg),
+        EvalSplit::TrainShare(_) if cfg.eval_num_samples == 0 => Ok(None),
+        EvalSplit::TrainShare(_) => {
+            let mut items = held_out_items(cfg)?;
+            items.truncate(cfg.eval_num_samples as usize);
+            Ok(Some(items))
+        }
+    }
+}
+
 pub struct Evaluation {
     /// One per (item, sample), item-major.
     pub records: Vec<serde_json::Value>,
@@ -38,6 +53,32 @@ pub struct Evaluation {
 impl Evaluation {
     pub fn reward_mean(&self) -> f64 {
         self.rewards.iter().sum::<f64>() / self.rewards.len().max(1) as f64
+    }
+
+    /// Mean length in characters of each role's responses.
+    pub fn response_chars_mean(&self) -> Vec<f64> {
+        let mut sums: Vec<f64> = Vec::new();
+        for r in &self.records {
+            for (a, c) in r["completions"].as_array().into_iter().flatten().enumerate() {
+                if sums.len() <= a {
+                    sums.resize(a + 1, 0.0);
+                }
+                sums[a] += c.as_str().map_or(0, |c| c.chars().count()) as f64;
+            }
+        }
+        sums.iter().map(|s| s / self.records.len().max(1) as f64).collect()
+    }
+
+    /// The metrics every evaluation logs: reward mean, its standard error, each role's response
+    /// length.
+    pub fn metrics(&self) -> serde_json::Value {
+        let mean = self.reward_mean();
+        let mut m = json!({"eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean,
+            "eval/turn_1/reward_stderr": self.reward_stderr});
+        for (a, chars) in self.response_chars_mean().iter().enumerate() {
+            m[format!("eval/agent_{a}/response_chars_mean")] = json!(chars);
+        }
+        m
     }
 }
 

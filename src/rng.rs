@@ -21,6 +21,7 @@ pub mod purpose {
     pub const PAIRS: u64 = 3;
     pub const REPLAY: u64 = 4;
     pub const TRAIN: u64 = 5;
+    pub const SPLIT: u64 = 6;
 }
 
 #[cfg(test)]

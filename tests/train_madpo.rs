@@ -16,8 +16,9 @@ fn setup(d: &Path, extra: &str) {
     let cfg = format!(
         "agent_model = \"{}\"\nrun_dir = \"run\"\nseed = 3\nmax_new_tokens = 6\ntemperature = 1.0\ntop_p = 1.0\n\
          preference_num_candidates = 4\npreference_pairs_per_sample = 2\nagent_learning_rate = 1e-3\ntrain_batch_size = 2\n\
-         eval_interval = 0\n{extra}\n[task]\ntrain_file = \"train.jsonl\"\nformatters = [\"{{prompt}}\", \"{{prompt}} w9\"]\nchat_template = false\n",
-        d.join("tiny").display()
+         {}{extra}\n[task]\ntrain_file = \"train.jsonl\"\nformatters = [\"{{prompt}}\", \"{{prompt}} w9\"]\nchat_template = false\n",
+        d.join("tiny").display(),
+        if extra.contains("eval_interval") { "" } else { "eval_interval = 0\n" }
     );
     std::fs::write(d.join("c.toml"), cfg).unwrap();
     ok(pbrl(&["collect", "--config", "c.toml"], d));
@@ -74,6 +75,99 @@ fn a_resumed_run_ends_bit_identical_to_an_uninterrupted_one() {
     }
     let kept: Vec<_> = std::fs::read_dir(d.join("run/checkpoints")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(kept, vec![std::ffi::OsString::from("checkpoint-2")], "checkpoint_total_limit = 1 prunes");
+}
+
+/// Anchored, length-normalized MADPO: at the first update every policy is its own reference, so
+/// every margin is 0 and each loss is ln 2; the reference log-probs are stored once and a resumed
+/// run reads them back and ends bit-identical.
+#[test]
+fn anchored_madpo_starts_at_ln2_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "madpo_reference = true\nmadpo_length_normalize = true\ncheckpoint_interval = 1");
+    std::fs::create_dir_all(d.join("other/preference_replay")).unwrap();
+    std::fs::copy(
+        d.join("run/preference_replay/iteration_0001.json"),
+        d.join("other/preference_replay/iteration_0001.json"),
+    )
+    .unwrap();
+    let o = ok(pbrl(&["train-madpo", "--config", "c.toml", "num_train_epochs=3"], d));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("reference log-probs of"));
+    assert!(d.join("run/madpo_reference.json").is_file());
+    let l = common::metric_values(&d.join("run"), "madpo/loss");
+    assert!((l[0] - 2f64.ln()).abs() < 1e-4, "first anchored loss {} is not ln 2", l[0]);
+    let kl = common::metric_values(&d.join("run"), "madpo/implied_kl/agent_1");
+    assert!(kl[0].abs() < 1e-3, "no drift before the first update: {kl:?}");
+    assert!(kl.iter().skip(1).any(|k| k.abs() > 1e-3), "the policy moves away from its reference: {kl:?}");
+    assert!(l[l.len() - 1] < l[0], "{l:?}");
+
+    ok(pbrl(&["train-madpo", "--config", "c.toml", "--run-dir", "other", "num_train_epochs=1"], d));
+    let o = ok(pbrl(&["train-madpo", "--config", "c.toml", "--run-dir", "other", "--resume", "num_train_epochs=3"], d));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("reference log-probs of"), "read back, not recomputed");
+    for i in 0..2 {
+        let a = std::fs::read(d.join(format!("run/agents/agent_{i}/model.safetensors"))).unwrap();
+        let b = std::fs::read(d.join(format!("other/agents/agent_{i}/model.safetensors"))).unwrap();
+        assert!(a == b, "agent {i}: resumed anchored weights differ from the uninterrupted run");
+    }
+    // A reference file of another run is refused.
+    std::fs::copy(d.join("run/madpo_reference.json"), d.join("other/madpo_reference.json")).unwrap();
+    ok(pbrl(&["train-madpo", "--config", "c.toml", "--run-dir", "other", "num_train_epochs=1", "dpo_beta=0.5"], d));
+    let o = pbrl(
+        &["train-madpo", "--config", "c.toml", "--run-dir", "other", "--resume", "num_train_epochs=2", "dpo_beta=0.5"],
+        d,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// `eval_split` holds train items out of collection; `keep_best` evaluates on them and saves the
+/// best agents, reporting the best and the final evaluation; the drift diagnostics are logged
+/// and plotted.
+#[test]
+fn keep_best_saves_the_best_evaluated_agents() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(
+        d,
+        "eval_split = 0.25\nkeep_best = true\neval_interval = 1\neval_num_samples = 4\neval_samples_per_item = 2\n\
+         num_train_epochs = 3",
+    );
+    let held = pbrl::task::split::held_out(4, 0.25, 3).unwrap();
+    let round = std::fs::read_to_string(d.join("run/preference_replay/iteration_0001.json")).unwrap();
+    for (i, h) in held.iter().enumerate() {
+        let prompt = format!("w{i} w{} w7", i + 3);
+        assert_eq!(round.contains(&prompt), !h, "item {i} (held out: {h}) in the round: {}", round.contains(&prompt));
+    }
+    let o = ok(pbrl(&["train-madpo", "--config", "c.toml"], d));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("eval reward: final") && out.contains("best"), "{out}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("run/training_summary.json")).unwrap()).unwrap();
+    let (best, last) = (&summary["best_eval"], &summary["final_eval"]);
+    let rewards = common::metric_values(&d.join("run"), "eval/turn_1/reward_mean");
+    let max = rewards.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    assert_eq!(best["reward_mean"].as_f64().unwrap(), max, "the best of {rewards:?}");
+    assert_eq!(last["update"], summary["updates"], "the final agents are evaluated");
+    let agents = |dir: &str, i: usize| std::fs::read(d.join(format!("run/{dir}/agent_{i}/model.safetensors"))).unwrap();
+    for i in 0..2 {
+        if summary["saved"] == "best" {
+            assert!(best["update"] != last["update"]);
+            assert!(agents("agents", i) == agents("best_agents", i), "agent {i}: the best agents are saved");
+        } else {
+            assert_eq!(best["update"], last["update"]);
+        }
+    }
+    let metrics = std::fs::read_to_string(d.join("run/metrics.jsonl")).unwrap();
+    for key in [
+        "madpo/winner_tokens/agent_0",
+        "madpo/loser_tokens/agent_1",
+        "madpo/winner_shorter/agent_0",
+        "eval/agent_1/response_chars_mean",
+    ] {
+        assert!(metrics.contains(key), "{key} not logged");
+    }
+    assert!(!metrics.contains("madpo/implied_kl"), "no reference pass without madpo_reference or madpo_log_kl");
+    let plot = std::fs::read_to_string(d.join("run/training_plot.svg")).unwrap();
+    assert!(plot.contains("eval reward") && plot.contains("madpo/winner_shorter"), "{plot}");
 }
 
 #[test]

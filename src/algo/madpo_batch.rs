@@ -3,11 +3,13 @@
 //! `madpo.rs`). Shared by `train-madpo` and the tests against CoMLRL.
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor};
+use serde::{Deserialize, Serialize};
 
 use super::madpo::agent_loss;
 use crate::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
 use crate::model::tokenizer::ChatTokenizer;
 use crate::model::{LoadedModel, Mode};
+
 use crate::prefs::PreferencePair;
 
 /// Actor `a`'s (winner, loser) rows for a batch, re-tokenized from the stored text.
@@ -44,17 +46,91 @@ pub fn agent_rows(
 /// that the reference computes in a separate pass without gradients (same weights, same
 /// numbers), so one forward per actor serves both.
 pub fn batch_margins(models: &[&LoadedModel], rows: &[Vec<ScoreRow>], last: LastToken) -> Result<Vec<Tensor>> {
+    let scores = batch_scores(models, rows, last, Mode::Train)?;
+    scores.iter().map(|s| margins(s, None, false)).collect()
+}
+
+/// The summed log-prob and the number of scored tokens of one completion.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SeqLogProb {
+    pub sum: f64,
+    pub tokens: usize,
+}
+
+impl SeqLogProb {
+    /// The completion's score in a margin: the sum, or with `normalize` the per-token mean (0
+    /// for a completion with nothing scored).
+    pub fn value(&self, normalize: bool) -> f64 {
+        if normalize {
+            self.sum / self.tokens.max(1) as f64
+        } else {
+            self.sum
+        }
+    }
+}
+
+/// One actor's scores of a batch: `sums` (2·pairs,) winners then losers, differentiable in
+/// `Mode::Train`; `tokens` the scored tokens of each row.
+pub struct ActorScores {
+    pub sums: Tensor,
+    pub tokens: Vec<usize>,
+}
+
+impl ActorScores {
+    /// The rows' scores as numbers.
+    pub fn values(&self) -> Result<Vec<SeqLogProb>> {
+        let sums = self.sums.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+        Ok(sums.into_iter().zip(&self.tokens).map(|(sum, &tokens)| SeqLogProb { sum, tokens }).collect())
+    }
+}
+
+/// Every actor's summed log-probs of its (winner, loser) rows, one forward per actor.
+pub fn batch_scores(
+    models: &[&LoadedModel],
+    rows: &[Vec<ScoreRow>],
+    last: LastToken,
+    mode: Mode,
+) -> Result<Vec<ActorScores>> {
     models
         .iter()
         .zip(rows)
         .enumerate()
         .map(|(i, (m, r))| {
-            let pairs = r.len() / 2;
-            let lp = sequence_log_probs(&m.model, r, last, m.tokenizer.pad_id, Mode::Train)
+            let sums = sequence_log_probs(&m.model, r, last, m.tokenizer.pad_id, mode)
                 .with_context(|| format!("agent {i}: scoring the batch's completions"))?;
-            Ok((lp.narrow(0, 0, pairs)? - lp.narrow(0, pairs, pairs)?)?)
+            let tokens = r.iter().map(|r| scored_tokens(r, last)).collect();
+            Ok(ActorScores { sums, tokens })
         })
         .collect()
+}
+
+/// How many of a row's completion tokens the scorer scores.
+pub fn scored_tokens(row: &ScoreRow, last: LastToken) -> usize {
+    match last {
+        LastToken::Include => row.completion.len(),
+        LastToken::Exclude => row.completion.len().saturating_sub(1),
+    }
+}
+
+/// An actor's margins (pairs,): Δ(p) = [v(w) − v_ref(w)] − [v(l) − v_ref(l)] with v the summed
+/// (or, with `normalize`, per-token mean) log-prob, and v_ref the frozen reference policy's
+/// (`reference`: winners then losers, as `scores`), or 0 without one (reference-free MADPO).
+pub fn margins(scores: &ActorScores, reference: Option<&[SeqLogProb]>, normalize: bool) -> Result<Tensor> {
+    let rows = scores.tokens.len();
+    let pairs = rows / 2;
+    let dev = scores.sums.device();
+    let dtype = scores.sums.dtype();
+    let mut v = scores.sums.clone();
+    if normalize {
+        let inv: Vec<f64> = scores.tokens.iter().map(|&n| 1.0 / n.max(1) as f64).collect();
+        v = (v * Tensor::new(inv, dev)?.to_dtype(dtype)?)?;
+    }
+    if let Some(r) = reference {
+        anyhow::ensure!(r.len() == rows, "reference log-probs for {} rows, the batch has {rows}", r.len());
+        let r: Vec<f64> = r.iter().map(|x| x.value(normalize)).collect();
+        v = (v - Tensor::new(r, dev)?.to_dtype(dtype)?)?;
+    }
+    Ok((v.narrow(0, 0, pairs)? - v.narrow(0, pairs, pairs)?)?)
 }
 
 /// The margins' values, `d[i][p]`, as fixed numbers (no gradient flows through them).
@@ -96,6 +172,30 @@ mod tests {
             winner_finished: finished.clone(),
             loser_finished: finished,
         }
+    }
+
+    /// Anchored, length-normalized margins against a hand computation.
+    #[test]
+    fn margins_subtract_the_reference_and_normalize() {
+        let dev = candle_core::Device::Cpu;
+        // Two pairs: winners (-4, -9) over (2, 3) tokens, losers (-6, -3) over (3, 1).
+        let scores =
+            ActorScores { sums: Tensor::new(&[-4.0f64, -9.0, -6.0, -3.0], &dev).unwrap(), tokens: vec![2, 3, 3, 1] };
+        let free: Vec<f64> = margins(&scores, None, false).unwrap().to_vec1().unwrap();
+        assert_eq!(free, vec![2.0, -6.0]);
+        let r = |sum, tokens| SeqLogProb { sum, tokens };
+        let reference = [r(-5.0, 2), r(-9.0, 3), r(-5.0, 3), r(-2.0, 1)];
+        let anchored: Vec<f64> = margins(&scores, Some(&reference), false).unwrap().to_vec1().unwrap();
+        assert_eq!(anchored, vec![(-4.0 + 5.0) - (-6.0 + 5.0), 0.0 - (-3.0 + 2.0)]);
+        let norm: Vec<f64> = margins(&scores, Some(&reference), true).unwrap().to_vec1().unwrap();
+        let want = [(-2.0 + 2.5) - (-2.0 + 5.0 / 3.0), 0.0 - (-3.0 + 2.0)];
+        for (g, w) in norm.iter().zip(want) {
+            assert!((g - w).abs() < 1e-12, "{g} vs {w}");
+        }
+        // The policy as its own reference: every margin is 0.
+        let own = scores.values().unwrap();
+        let zero: Vec<f64> = margins(&scores, Some(&own), true).unwrap().to_vec1().unwrap();
+        assert_eq!(zero, vec![0.0, 0.0]);
     }
 
     #[test]

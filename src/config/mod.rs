@@ -66,6 +66,41 @@ impl DeviceSpec {
     }
 }
 
+/// The items of the periodic evaluation during training: the eval file, or a share of the train
+/// items (a number in (0, 1)) held out from collection and training.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum EvalSplit {
+    EvalFile,
+    TrainShare(f64),
+}
+
+impl Serialize for EvalSplit {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            EvalSplit::EvalFile => s.serialize_str("eval_file"),
+            EvalSplit::TrainShare(x) => s.serialize_f64(*x),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EvalSplit {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Share(f64),
+            Word(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Share(x) => Ok(EvalSplit::TrainShare(x)),
+            Raw::Word(w) if w == "eval_file" => Ok(EvalSplit::EvalFile),
+            Raw::Word(w) => Err(serde::de::Error::custom(format!(
+                "invalid value `{w}` (use \"eval_file\" or a share of the train items in (0, 1))"
+            ))),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TaskConfig {
@@ -153,6 +188,23 @@ pub struct Config {
     /// Keep at most this many checkpoints (the newest).
     #[serde(deserialize_with = "opt")]
     pub checkpoint_total_limit: Option<i64>,
+    /// Anchored MADPO: each agent's margin is taken relative to a frozen reference policy, as in
+    /// standard DPO (off: the reference's reference-free loss, exactly).
+    pub madpo_reference: bool,
+    /// The reference policy of anchored MADPO (one source for every actor); default: the agents
+    /// as they are when training starts.
+    #[serde(deserialize_with = "opt")]
+    pub reference_model_name: Option<String>,
+    /// MADPO margins from mean instead of summed token log-probs.
+    pub madpo_length_normalize: bool,
+    /// Compute the start policy's log-probs without `madpo_reference` too, to log the implied KL
+    /// from the start (one forward pass per pair).
+    pub madpo_log_kl: bool,
+    /// Where the periodic evaluations during training take their items: "eval_file" (the task's
+    /// eval file) or a share of the train items, held out from collection and training.
+    pub eval_split: EvalSplit,
+    /// Save the agents of the best periodic evaluation instead of the last ones.
+    pub keep_best: bool,
 
     // --- reference MADPOConfig fields -------------------------------------------------------
     pub num_train_epochs: i64,
@@ -216,6 +268,12 @@ impl Default for Config {
             preference_replay_sample_size: None,
             checkpoint_interval: 0,
             checkpoint_total_limit: None,
+            madpo_reference: false,
+            reference_model_name: None,
+            madpo_length_normalize: false,
+            madpo_log_kl: false,
+            eval_split: EvalSplit::EvalFile,
+            keep_best: false,
             num_train_epochs: 20,
             agent_learning_rate: 5e-6,
             logging_steps: 50,

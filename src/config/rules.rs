@@ -1,6 +1,6 @@
 //! The reference's validation rules (CoMLRL `MADPOConfig.__post_init__`), in its order and
 //! words, and pbrl's own, applied after every default and override is in place.
-use super::{err, Config, ConfigError, DeviceSpec};
+use super::{err, Config, ConfigError, DeviceSpec, EvalSplit};
 
 impl Config {
     /// Reference §2.3 replay rules (aliases normalized), in the reference's order and words.
@@ -201,6 +201,28 @@ impl Config {
             return err("checkpoint_total_limit must be null or >= 1.");
         }
         DeviceSpec::resolve(self.agent_devices.as_ref(), self.num_actors(), "agent_devices")?;
+        self.validate_training_extras()
+    }
+
+    /// pbrl's anchored MADPO and keep-best rules.
+    fn validate_training_extras(&self) -> Result<(), ConfigError> {
+        if self.reference_model_name.is_some() && !self.madpo_reference && !self.madpo_log_kl {
+            return err(
+                "reference_model_name is set but unused: it is anchored MADPO's reference (set madpo_reference \
+                        = true, or madpo_log_kl = true to only log the KL against it)",
+            );
+        }
+        if self.reference_model_name.is_some() {
+            DeviceSpec::resolve(self.reference_devices.as_ref(), self.num_actors(), "reference_devices")?;
+        }
+        if let EvalSplit::TrainShare(x) = self.eval_split {
+            if !(x > 0.0 && x < 1.0) {
+                return err("eval_split must be \"eval_file\" or a share of the train items in (0, 1).");
+            }
+        }
+        if self.keep_best && (self.eval_interval == 0 || self.eval_num_samples == 0) {
+            return err("keep_best needs periodic evaluations: set eval_interval >= 1 and eval_num_samples >= 1");
+        }
         Ok(())
     }
 }

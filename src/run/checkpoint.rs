@@ -38,6 +38,17 @@ pub struct Progress {
     /// What determined the run's result (config, rounds, starting weights).
     #[serde(default)]
     pub fingerprint: Fingerprint,
+    /// The best periodic evaluation so far (with `keep_best`, its agents are in `best_agents/`).
+    #[serde(default)]
+    pub best: Option<EvalPoint>,
+}
+
+/// One periodic evaluation: before update `update + 1`, i.e. after `update` updates.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EvalPoint {
+    pub update: u64,
+    pub reward_mean: f64,
+    pub reward_stderr: f64,
 }
 
 const FINISHED: &str = "finished.json";

@@ -15,7 +15,8 @@ use crate::config::Config;
 
 /// Keys that cannot change the trained weights or the exported files: where things go, what
 /// is logged or evaluated, how often checkpoints are written, and `num_train_epochs` (resuming
-/// with more epochs extends a run).
+/// with more epochs extends a run). With `keep_best` the evaluation keys choose the saved
+/// agents, so they stay in ([`KEEP_BEST_KEYS`]).
 const NOT_IN_FINGERPRINT: &[&str] = &[
     "run_dir",
     "preference_replay_dir",
@@ -33,6 +34,10 @@ const NOT_IN_FINGERPRINT: &[&str] = &[
     "collect_batch_size",
     "task.eval_file",
 ];
+
+/// The keys of [`NOT_IN_FINGERPRINT`] that decide which agents `keep_best` saves.
+const KEEP_BEST_KEYS: &[&str] =
+    &["eval_interval", "eval_num_samples", "eval_batch_size", "eval_samples_per_item", "task.eval_file"];
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Fingerprint(pub BTreeMap<String, String>);
@@ -97,7 +102,11 @@ impl Fingerprint {
         let mut m = BTreeMap::new();
         let table = toml::Value::try_from(cfg).context("fingerprinting the config")?;
         flatten("", &table, &mut m);
-        m.retain(|k, _| !NOT_IN_FINGERPRINT.contains(&k.as_str()));
+        let kept = |k: &str| cfg.keep_best && KEEP_BEST_KEYS.contains(&k);
+        m.retain(|k, _| !NOT_IN_FINGERPRINT.contains(&k.as_str()) || kept(k));
+        if let Some(r) = cfg.reference_model_name.as_ref().filter(|_| cfg.madpo_reference || cfg.madpo_log_kl) {
+            m.insert("reference model".into(), source_digest(r)?);
+        }
         for (n, path) in rounds {
             m.insert(format!("round {n:04}"), file_digest(path)?);
         }
@@ -152,5 +161,11 @@ mod tests {
         );
         assert!(d[1].starts_with("dpo_beta"), "{d:?}");
         assert!(fa.differences(&fa).is_empty());
+        // With keep_best the evaluation schedule decides which agents are saved.
+        let (mut c, mut d) = (a.clone(), b.clone());
+        (c.keep_best, d.keep_best) = (true, true);
+        let fc = Fingerprint::of_training(&c, &[], &[]).unwrap();
+        let fd = Fingerprint::of_training(&d, &[], &[]).unwrap();
+        assert!(fc.differences(&fd).iter().any(|l| l.starts_with("eval_interval")), "{:?}", fc.differences(&fd));
     }
 }

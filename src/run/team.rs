@@ -53,16 +53,15 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
 /// Save every actor as `agents/agent_i` (Hugging Face directories with the run's sampling
 /// settings), all or nothing.
 pub fn save_team(run: &RunDir, models: &[&LoadedModel], sampling: &SamplingParams) -> Result<()> {
+    save_team_to(&run.agents(), models, sampling)
+}
+
+/// [`save_team`] into any directory (keep-best's `best_agents/`).
+pub fn save_team_to(target: &Path, models: &[&LoadedModel], sampling: &SamplingParams) -> Result<()> {
     for (i, m) in models.iter().enumerate() {
         check_finite(i, m)?;
     }
-    let target = run.agents();
-    let tmp = super::atomic::temp_sibling(&target, "tmp")?;
-    let write = || -> Result<()> {
-        if tmp.exists() {
-            std::fs::remove_dir_all(&tmp)?;
-        }
-        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    install(target, |tmp| {
         let mut names = Vec::new();
         for (i, m) in models.iter().enumerate() {
             let name = format!("agent_{i}");
@@ -70,13 +69,50 @@ pub fn save_team(run: &RunDir, models: &[&LoadedModel], sampling: &SamplingParam
             names.push(name);
         }
         let manifest = TeamManifest { num_actors: models.len(), agents: names };
-        super::atomic_write(&tmp.join(MANIFEST), &serde_json::to_vec_pretty(&manifest)?)?;
+        super::atomic_write(&tmp.join(MANIFEST), &serde_json::to_vec_pretty(&manifest)?)
+    })
+}
+
+/// Put a copy of the saved team in `from` (a whole one: it has its manifest) at `target`, all or
+/// nothing: keep-best's best agents becoming the run's `agents/`.
+pub fn copy_team(from: &Path, target: &Path) -> Result<()> {
+    if !from.join(MANIFEST).is_file() {
+        bail!("{} holds no saved team ({MANIFEST} is missing)", from.display());
+    }
+    install(target, |tmp| copy_dir(from, tmp))
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for e in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let e = e?;
+        let dst = to.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_dir(&e.path(), &dst)?;
+        } else {
+            std::fs::copy(e.path(), &dst)
+                .with_context(|| format!("copying {} to {}", e.path().display(), dst.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Fill a temporary sibling of `target` with `fill`, then swap it into place in one atomic
+/// exchange (or rename, the first time); on failure nothing of it is left.
+fn install(target: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let tmp = super::atomic::temp_sibling(target, "tmp")?;
+    let write = || -> Result<()> {
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp)?;
+        }
+        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        fill(&tmp)?;
         if target.exists() {
-            exchange(&tmp, &target).with_context(|| format!("replacing {}", target.display()))?;
+            exchange(&tmp, target).with_context(|| format!("replacing {}", target.display()))?;
             std::fs::remove_dir_all(&tmp)
                 .with_context(|| format!("removing the previous team in {}", tmp.display()))?;
         } else {
-            std::fs::rename(&tmp, &target).with_context(|| format!("renaming into {}", target.display()))?;
+            std::fs::rename(&tmp, target).with_context(|| format!("renaming into {}", target.display()))?;
         }
         Ok(())
     };

@@ -10,7 +10,7 @@
 //! 4. pairs: every ordered pair with a positive score gap, ordered by `pair_selection` and cut
 //!    to `preference_pairs_per_sample` (reference §5.1);
 //! 5. write `<replay dir>/iteration_NNNN.json` atomically (and the reward histogram when asked).
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
@@ -22,7 +22,8 @@ use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
 use crate::run::{atomic_write, RunDir};
-use crate::task::{load_items, reward::build_reward};
+use crate::task::split::train_items;
+use crate::task::{reward::build_reward, TaskItem};
 use crate::team::collab::Collaboration;
 use crate::team::rollout::rollout;
 use crate::team::{check_fits, load_team};
@@ -45,9 +46,8 @@ fn batch_rows(cfg: &Config) -> usize {
 }
 
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<CollectReport> {
-    let train_file =
-        cfg.task.train_file.as_ref().context("task.train_file is not set: pbrl collect needs task items")?;
-    let items = load_items(train_file)?;
+    // With `eval_split = x` the held-out items are left out; the others keep their file index.
+    let (indices, items): (Vec<usize>, Vec<TaskItem>) = train_items(cfg)?.into_iter().unzip();
     let replay_dir = cfg.replay_dir();
     let round = match opts.round {
         Some(0) => bail!("--round counts from 1"),
@@ -78,8 +78,9 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     let batch_items = cfg.collect_batch_size as usize;
     for (b, batch) in items.chunks(batch_items).enumerate() {
         let first = b * batch_items;
+        let item_index = |j: usize| indices[first + j] as u64;
         let seed = |j: usize, a: usize, k: usize| {
-            derive_seed(cfg.seed, &[purpose::COLLECT, round as u64, (first + j) as u64, a as u64, k as u64])
+            derive_seed(cfg.seed, &[purpose::COLLECT, round as u64, item_index(j), a as u64, k as u64])
         };
         let out = rollout(&team, batch, n_cand, &params, seed, |n| {
             generated += n;
@@ -93,7 +94,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
             let raw = reward.score_batch(item, &collab.reward_prompts(item, &item_prompts)?, &roles)?;
             let scores: Vec<f64> = raw.iter().map(|&r| processor.apply(r)).collect();
             if let Some(bad) = scores.iter().find(|s| !s.is_finite()) {
-                bail!("the reward of train item {} is not finite ({bad})", first + j);
+                bail!("the reward of train item {} is not finite ({bad})", item_index(j));
             }
             let mean = scores.iter().sum::<f64>() / scores.len() as f64;
             let (lo, hi) = scores.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
@@ -101,11 +102,11 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
                 bail!(
                     "train item {}: its processed rewards (up to {hi:e}) overflow when averaged or compared; lower \
                      reward.scale / reward.shift (nothing was written)",
-                    first + j
+                    item_index(j)
                 );
             }
             let mut rng =
-                ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[purpose::PAIRS, round as u64, (first + j) as u64]));
+                ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[purpose::PAIRS, round as u64, item_index(j)]));
             let chosen = select_pairs(&scores, mode, per_sample, &mut rng);
             if chosen.is_empty() {
                 tied_items += 1;

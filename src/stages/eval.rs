@@ -30,20 +30,18 @@ pub fn run(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<EvalRepo
     let started = std::time::Instant::now();
     let outcome = evaluate(cfg, &team, &items, reward.as_mut(), processor)?;
     let (mean, stderr) = (outcome.reward_mean(), outcome.reward_stderr);
+    let metrics = outcome.metrics();
     let (records, generated) = (outcome.records, outcome.tokens);
-
-    let metrics = json!({
-        "eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean, "eval/turn_1/reward_stderr": stderr,
-    });
     let report = json!({"metrics": metrics, "items": records});
     let stem = chrono::Utc::now().format("eval-%Y%m%dT%H%M%SZ").to_string();
     let path = write_new_report(&run_dir.eval(), &stem, serde_json::to_string_pretty(&report)?.as_bytes())?;
-    run_dir.log_metrics(&json!({
+    let mut line = json!({
         "stage": "eval", "time": chrono::Utc::now().to_rfc3339(), "num_items": items.len(),
         "samples_per_item": cfg.eval_samples_per_item,
-        "eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean, "eval/turn_1/reward_stderr": stderr,
         "tokens_per_s": generated as f64 / started.elapsed().as_secs_f64(),
-    }))?;
+    });
+    line.as_object_mut().expect("an object").extend(report["metrics"].as_object().expect("an object").clone());
+    run_dir.log_metrics(&line)?;
 
     print_table(&records, cfg.eval_samples_per_item as usize);
     println!("eval/turn_1/reward_mean     {mean:.4}");

@@ -1,6 +1,7 @@
 //! Task items, prompt templates, and the task reward.
 pub mod command;
 pub mod reward;
+pub mod split;
 
 use std::path::Path;
 

@@ -26,6 +26,7 @@ pub struct Agent {
 }
 
 /// How an actor's prompt is written for an item.
+#[derive(Clone)]
 enum PromptRecipe {
     /// A decentralized agent: its own template and system prompt.
     Role { template: String, system_prompt: Option<String> },
@@ -35,6 +36,11 @@ enum PromptRecipe {
 }
 
 impl Agent {
+    /// The same actor (index, prompts) played by another model: a frozen reference policy.
+    pub fn with_model(&self, model: LoadedModel, device: Device) -> Agent {
+        Agent { index: self.index, model, device, recipe: self.recipe.clone(), chat_template: self.chat_template }
+    }
+
     /// The exact text this actor is given for an item: its template(s), then the chat template.
     pub fn prompt_for(&self, item: &TaskItem) -> Result<String> {
         let tok = &self.model.tokenizer;

@@ -7,8 +7,10 @@
 //!    (which never discards an unfinished run's checkpoints);
 //! 3. per epoch, the examples shuffled with the run's training stream, cut into batches; before
 //!    a batch, an evaluation when `updates % eval_interval == 0`; after it, a metrics line;
-//! 4. a checkpoint every `checkpoint_interval` epochs; at the end, the team saved whole and the
-//!    run marked finished.
+//! 4. a checkpoint every `checkpoint_interval` epochs; at the end, one more evaluation (of the
+//!    final agents), the team saved whole (with `keep_best`: the agents of the best evaluation,
+//!    kept in `best_agents/` as they were found), `training_summary.json`, a plot of the run's
+//!    metrics (`training_plot.svg`), and the run marked finished.
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -16,17 +18,18 @@ use candle_core::{DType, Tensor};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::optim::{AdamW, AdamWConfig};
 use crate::config::Config;
-use crate::evaluation::{eval_items, evaluate};
+use crate::evaluation::{evaluate, periodic_eval_items};
 use crate::model::LoadedModel;
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
-use crate::run::checkpoint::{self, Progress};
+use crate::run::checkpoint::{self, EvalPoint, Progress};
 use crate::run::fingerprint::Fingerprint;
-use crate::run::team::save_team;
+use crate::run::team::{copy_team, save_team, save_team_to};
 use crate::run::RunDir;
 use crate::task::reward::{build_reward, RewardProcessor, TaskReward};
 use crate::task::TaskItem;
@@ -73,6 +76,26 @@ struct PeriodicEval {
     items: Vec<TaskItem>,
     reward: Box<dyn TaskReward>,
     processor: RewardProcessor,
+    /// The newest evaluation.
+    last: Option<EvalPoint>,
+}
+
+/// How a training run ended (`training_summary.json`, and what `finish` returns).
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainingSummary {
+    pub stage: String,
+    pub updates: u64,
+    /// The evaluation of the agents after the last update.
+    pub final_eval: Option<EvalPoint>,
+    /// The best periodic evaluation (the final one included).
+    pub best_eval: Option<EvalPoint>,
+    /// Which agents are in `agents/`: "final" or "best".
+    pub saved: &'static str,
+}
+
+/// Where `keep_best` keeps the best agents found so far.
+pub fn best_agents_dir(run_dir: &RunDir) -> std::path::PathBuf {
+    run_dir.root.join("best_agents")
 }
 
 pub struct Session<'a> {
@@ -129,18 +152,27 @@ impl<'a> Session<'a> {
             num_pairs: data.num_examples,
             num_train_epochs: cfg.num_train_epochs as u64,
             fingerprint,
+            best: None,
         };
         if resume {
             progress = resume_from_checkpoint(run_dir, team, &mut optims, progress)?;
             rng.set_word_pos(progress.rng_word_pos);
         } else {
             checkpoint::start_fresh(&run_dir.root)?;
+            let best = best_agents_dir(run_dir);
+            if best.exists() {
+                std::fs::remove_dir_all(&best)
+                    .with_context(|| format!("removing the last run's {}", best.display()))?;
+            }
         }
-        let eval = match if cfg.eval_interval > 0 { eval_items(cfg)? } else { None } {
+        // Where this run's metrics start, for the plot (a resumed run continues its lines).
+        run_dir.log_metrics(&json!({"stage": stage, "event": if resume { "resume" } else { "start" },
+            "update": progress.updates}))?;
+        let eval = match if cfg.eval_interval > 0 { periodic_eval_items(cfg)? } else { None } {
             Some(items) => {
                 check_fits(team, &items, cfg.max_new_tokens as usize, cfg.eval_rows(), "eval")?;
                 let (reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
-                Some(PeriodicEval { items, reward, processor })
+                Some(PeriodicEval { items, reward, processor, last: None })
             }
             None => None,
         };
@@ -202,29 +234,138 @@ impl<'a> Session<'a> {
             }
         }
         bar.finish_and_clear();
+        // The final agents are evaluated too (unless that evaluation just ran).
+        if self.eval.as_ref().is_some_and(|ev| ev.last.is_none_or(|l| l.update != self.progress.updates)) {
+            self.evaluate_now()?;
+        }
         Ok(())
     }
 
     /// The periodic evaluation, before the updates where `updates % eval_interval == 0`.
     fn maybe_evaluate(&mut self) -> Result<()> {
-        let Some(ev) = self.eval.as_mut() else { return Ok(()) };
-        if !self.progress.updates.is_multiple_of(self.cfg.eval_interval as u64) {
-            return Ok(());
+        if self.eval.is_some() && self.progress.updates.is_multiple_of(self.cfg.eval_interval as u64) {
+            self.evaluate_now()?;
         }
-        let out = evaluate(self.cfg, self.team, &ev.items, ev.reward.as_mut(), ev.processor)?;
-        let mean = out.reward_mean();
-        self.run_dir.log_metrics(&json!({"stage": self.stage, "update": self.progress.updates,
-            "eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean,
-            "eval/turn_1/reward_stderr": out.reward_stderr}))
+        Ok(())
     }
 
-    /// Save the team whole (with the run's sampling settings) and mark the run finished.
-    pub fn finish(self) -> Result<Progress> {
-        save_team(self.run_dir, &self.models(), &self.cfg.sampling())?;
+    /// Evaluate the agents as they are now, log it, and with `keep_best` keep them when they
+    /// beat the best so far (strictly: a tie keeps the earlier, less trained agents).
+    fn evaluate_now(&mut self) -> Result<()> {
+        let Some(ev) = self.eval.as_mut() else { return Ok(()) };
+        let out = evaluate(self.cfg, self.team, &ev.items, ev.reward.as_mut(), ev.processor)?;
+        let point = EvalPoint {
+            update: self.progress.updates,
+            reward_mean: out.reward_mean(),
+            reward_stderr: out.reward_stderr,
+        };
+        ev.last = Some(point);
+        let mut line = json!({"stage": self.stage, "update": point.update});
+        line.as_object_mut().expect("an object").extend(out.metrics().as_object().expect("an object").clone());
+        self.run_dir.log_metrics(&line)?;
+        if self.progress.best.is_none_or(|b| point.reward_mean > b.reward_mean) {
+            if self.cfg.keep_best {
+                let dir = best_agents_dir(self.run_dir);
+                save_team_to(&dir, &self.models(), &self.cfg.sampling())?;
+                crate::run::atomic_write(&dir.join("best.json"), &serde_json::to_vec_pretty(&point)?)?;
+            }
+            self.progress.best = Some(point);
+        }
+        Ok(())
+    }
+
+    /// Save the team whole (with the run's sampling settings; with `keep_best`, the best
+    /// evaluation's agents), write the summary and the plot, and mark the run finished.
+    pub fn finish(self) -> Result<TrainingSummary> {
+        let final_eval = self.eval.as_ref().and_then(|ev| ev.last);
+        let best = self.progress.best;
+        let use_best = self.cfg.keep_best && best.is_some_and(|b| Some(b.update) != final_eval.map(|f| f.update));
+        if use_best {
+            let dir = best_agents_dir(self.run_dir);
+            let kept: EvalPoint = serde_json::from_slice(&std::fs::read(dir.join("best.json"))?)
+                .with_context(|| format!("{}/best.json: not a pbrl evaluation record", dir.display()))?;
+            if Some(kept.update) != best.map(|b| b.update) {
+                bail!(
+                    "{} holds the agents after update {}, but the best evaluation was after update {}; train again",
+                    dir.display(),
+                    kept.update,
+                    best.map_or(0, |b| b.update)
+                );
+            }
+            copy_team(&dir, &self.run_dir.agents())?;
+        } else {
+            save_team(self.run_dir, &self.models(), &self.cfg.sampling())?;
+        }
+        let summary = TrainingSummary {
+            stage: self.stage.into(),
+            updates: self.progress.updates,
+            final_eval,
+            best_eval: best,
+            saved: if use_best { "best" } else { "final" },
+        };
+        let path = self.run_dir.root.join("training_summary.json");
+        crate::run::atomic_write(&path, &serde_json::to_vec_pretty(&summary)?)?;
+        crate::run::atomic_write(
+            &self.run_dir.root.join("training_plot.svg"),
+            training_plot(self.run_dir, self.stage)?.as_bytes(),
+        )?;
         checkpoint::mark_finished(&self.run_dir.root, &checkpoint::Finished { epochs: self.progress.epoch })?;
-        Ok(self.progress)
+        Ok(summary)
     }
 }
+
+/// The plot of this stage's latest run in metrics.jsonl (from its last "start" line, the
+/// newest line of each update): eval reward, then every per-update series a stage logs under
+/// the plotted prefixes, one panel per quantity with a line per agent.
+fn training_plot(run_dir: &RunDir, stage: &str) -> Result<String> {
+    let text = std::fs::read_to_string(run_dir.metrics()).unwrap_or_default();
+    let lines: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect();
+    let mine = |v: &&Value| v["stage"] == stage;
+    let start = lines.iter().rposition(|v| mine(&v) && v["event"] == "start").unwrap_or(0);
+    // (quantity, series) -> update -> value, later lines replacing earlier ones.
+    let mut points: std::collections::BTreeMap<(String, String), std::collections::BTreeMap<u64, f64>> =
+        Default::default();
+    for v in lines[start..].iter().filter(mine).filter(|v| v.get("event").is_none()) {
+        let Some(update) = v["update"].as_u64() else { continue };
+        for (k, x) in v.as_object().into_iter().flatten() {
+            let Some(x) = x.as_f64() else { continue };
+            let (quantity, series) = match k.as_str() {
+                "eval/turn_1/reward_mean" => ("eval reward (mean)".to_string(), "reward".to_string()),
+                k if k.starts_with("eval/agent_") => {
+                    let (agent, what) = k["eval/".len()..].split_once('/').unwrap_or((k, ""));
+                    (format!("eval {}", what.replace('_', " ")), agent.to_string())
+                }
+                k if PLOTTED.iter().any(|p| k.starts_with(p)) => match k.rsplit_once("/agent_") {
+                    Some((q, a)) => (q.to_string(), format!("agent_{a}")),
+                    None => (k.to_string(), k.rsplit('/').next().unwrap_or(k).to_string()),
+                },
+                _ => continue,
+            };
+            points.entry((quantity, series)).or_default().insert(update, x);
+        }
+    }
+    let mut panels: Vec<crate::plot::Panel> = Vec::new();
+    for ((quantity, series), pts) in points {
+        let pts: Vec<(f64, f64)> = pts.into_iter().map(|(u, x)| (u as f64, x)).collect();
+        match panels.iter_mut().find(|p| p.title == quantity) {
+            Some(p) => p.series.push((series, pts)),
+            None => panels.push(crate::plot::Panel { title: quantity, series: vec![(series, pts)] }),
+        }
+    }
+    // Eval reward first.
+    panels.sort_by_key(|p| !p.title.starts_with("eval reward"));
+    Ok(crate::plot::line_panels(&format!("{stage}: {}", run_dir.root.display()), "update", &panels))
+}
+
+/// The per-update metrics the training plot shows (besides the evaluations).
+const PLOTTED: &[&str] = &[
+    "madpo/loss",
+    "madpo/joint_margin_mean",
+    "madpo/winner_tokens",
+    "madpo/loser_tokens",
+    "madpo/winner_shorter",
+    "madpo/implied_kl",
+];
 
 /// The newest checkpoint's state, refused when it was written under another setup or belongs to
 /// a run that finished (unless more epochs are asked for, which extends it).
