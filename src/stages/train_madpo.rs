@@ -209,13 +209,16 @@ const REFERENCE_BATCH: usize = 8;
 
 /// The reference log-probs of every pair and actor: read back when resuming (they belong to the
 /// checkpointed run), else computed once without gradients and stored atomically.
+/// An actor's (winner, loser) score rows for a batch of pairs.
+type RowsOf<'a> = dyn Fn(&Agent, &[&PreferencePair]) -> Result<Vec<ScoreRow>> + 'a;
+
 #[allow(clippy::too_many_arguments)]
 fn reference_log_probs(
     cfg: &Config,
     run_dir: &RunDir,
     team: &[Agent],
     pairs: &[PreferencePair],
-    rows: &dyn Fn(&Agent, &[&PreferencePair]) -> Result<Vec<ScoreRow>>,
+    rows: &RowsOf,
     last: LastToken,
     fingerprint: &Fingerprint,
     resume: bool,

@@ -93,6 +93,11 @@ pub struct TrainingSummary {
     pub saved: &'static str,
 }
 
+/// With `keep_best`, where the last agents go when the best ones are saved in `agents/`.
+pub fn final_agents_dir(run_dir: &RunDir) -> std::path::PathBuf {
+    run_dir.root.join("final_agents")
+}
+
 /// Where `keep_best` keeps the best agents found so far.
 pub fn best_agents_dir(run_dir: &RunDir) -> std::path::PathBuf {
     run_dir.root.join("best_agents")
@@ -293,6 +298,8 @@ impl<'a> Session<'a> {
                 );
             }
             copy_team(&dir, &self.run_dir.agents())?;
+            // The last agents stay available (`pbrl eval --team <run_dir>/final_agents`).
+            save_team_to(&final_agents_dir(self.run_dir), &self.models(), &self.cfg.sampling())?;
         } else {
             save_team(self.run_dir, &self.models(), &self.cfg.sampling())?;
         }
