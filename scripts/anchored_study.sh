@@ -27,16 +27,7 @@ if [ -z "${VARIANTS:-}" ]; then
     done
   done
 fi
-scripts/fetch-model.sh
-cargo build --release --quiet
-cp target/release/pbrl "$DIR/pbrl" # the study keeps using this build
-PBRL=$DIR/pbrl
-timed() { # timed LOG COMMAND...: run, log stdout+stderr, print the wall seconds
-  local log=$1; shift
-  local start=$SECONDS
-  "$@" > "$log" 2>&1
-  echo $((SECONDS - start))
-}
+. scripts/study-common.sh
 for task in $TASKS; do
   for seed in $SEEDS; do
     s=$DIR/$task/seed$seed; mkdir -p "$s"

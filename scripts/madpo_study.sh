@@ -12,17 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${STUDY_DIR:-target/madpo-study}; SEEDS=${SEEDS:-42 7}; LRS=${LRS:-5e-6 1e-5}
 SLTS=${SLTS:-false true}; BETAS=${BETAS:-config}; read -ra EXTRA <<< "${EXTRA:-}"
-scripts/fetch-model.sh
-cargo build --release --quiet
-mkdir -p "$DIR"
-cp target/release/pbrl "$DIR/pbrl" # the study keeps using this build
-PBRL=$DIR/pbrl
-timed() { # timed LOG COMMAND...: run, log stdout+stderr, print the wall seconds
-  local log=$1; shift
-  local start=$SECONDS
-  "$@" > "$log" 2>&1
-  echo $((SECONDS - start))
-}
+. scripts/study-common.sh
 for seed in $SEEDS; do
   s=$DIR/seed$seed; rm -rf "$s"; mkdir -p "$s"
   args=(--config configs/quickstart.toml seed="$seed" "${EXTRA[@]}")

@@ -24,6 +24,13 @@ fn setup(d: &Path, extra: &str) {
     ok(pbrl(&["collect", "--config", "c.toml"], d));
 }
 
+/// A second run directory `name` with the first one's round.
+fn copy_round(d: &Path, name: &str) {
+    std::fs::create_dir_all(d.join(name).join("preference_replay")).unwrap();
+    let file = "preference_replay/iteration_0001.json";
+    std::fs::copy(d.join("run").join(file), d.join(name).join(file)).unwrap();
+}
+
 #[test]
 fn madpo_lowers_the_loss_and_saves_loadable_agents() {
     let dir = tempfile::tempdir().unwrap();
@@ -58,12 +65,7 @@ fn a_resumed_run_ends_bit_identical_to_an_uninterrupted_one() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     setup(d, "checkpoint_interval = 1\ncheckpoint_total_limit = 1");
-    std::fs::create_dir_all(d.join("other/preference_replay")).unwrap();
-    std::fs::copy(
-        d.join("run/preference_replay/iteration_0001.json"),
-        d.join("other/preference_replay/iteration_0001.json"),
-    )
-    .unwrap();
+    copy_round(d, "other");
     ok(pbrl(&["train-madpo", "--config", "c.toml", "num_train_epochs=2"], d));
     ok(pbrl(&["train-madpo", "--config", "c.toml", "--run-dir", "other", "num_train_epochs=1"], d));
     let o = ok(pbrl(&["train-madpo", "--config", "c.toml", "--run-dir", "other", "--resume", "num_train_epochs=2"], d));
@@ -85,12 +87,7 @@ fn anchored_madpo_starts_at_ln2_and_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     setup(d, "madpo_reference = true\nmadpo_length_normalize = true\ncheckpoint_interval = 1");
-    std::fs::create_dir_all(d.join("other/preference_replay")).unwrap();
-    std::fs::copy(
-        d.join("run/preference_replay/iteration_0001.json"),
-        d.join("other/preference_replay/iteration_0001.json"),
-    )
-    .unwrap();
+    copy_round(d, "other");
     let o = ok(pbrl(&["train-madpo", "--config", "c.toml", "num_train_epochs=3"], d));
     assert!(String::from_utf8_lossy(&o.stdout).contains("reference log-probs of"));
     assert!(d.join("run/madpo_reference.json").is_file());
@@ -110,13 +107,15 @@ fn anchored_madpo_starts_at_ln2_and_resumes_exactly() {
         assert!(a == b, "agent {i}: resumed anchored weights differ from the uninterrupted run");
     }
     // A reference file of another run is refused.
-    std::fs::copy(d.join("run/madpo_reference.json"), d.join("other/madpo_reference.json")).unwrap();
     ok(pbrl(&["train-madpo", "--config", "c.toml", "--run-dir", "other", "num_train_epochs=1", "dpo_beta=0.5"], d));
+    std::fs::copy(d.join("run/madpo_reference.json"), d.join("other/madpo_reference.json")).unwrap();
     let o = pbrl(
         &["train-madpo", "--config", "c.toml", "--run-dir", "other", "--resume", "num_train_epochs=2", "dpo_beta=0.5"],
         d,
     );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("belongs to another training run") && err.contains("dpo_beta"), "{err}");
 }
 
 /// `eval_split` holds train items out of collection; `keep_best` evaluates on them and saves the
