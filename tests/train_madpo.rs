@@ -141,6 +141,7 @@ fn keep_best_saves_the_best_evaluated_agents() {
     assert!(out.contains("eval reward: final") && out.contains("best"), "{out}");
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(d.join("run/training_summary.json")).unwrap()).unwrap();
+    eprintln!("training summary: {summary}");
     let (best, last) = (&summary["best_eval"], &summary["final_eval"]);
     let rewards = common::metric_values(&d.join("run"), "eval/turn_1/reward_mean");
     let max = rewards.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -151,6 +152,7 @@ fn keep_best_saves_the_best_evaluated_agents() {
         if summary["saved"] == "best" {
             assert!(best["update"] != last["update"]);
             assert!(agents("agents", i) == agents("best_agents", i), "agent {i}: the best agents are saved");
+            assert!(agents("final_agents", i) != agents("agents", i), "agent {i}: the final agents are kept apart");
         } else {
             assert_eq!(best["update"], last["update"]);
         }

@@ -53,11 +53,17 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
 /// Save every actor as `agents/agent_i` (Hugging Face directories with the run's sampling
 /// settings), all or nothing.
 pub fn save_team(run: &RunDir, models: &[&LoadedModel], sampling: &SamplingParams) -> Result<()> {
-    save_team_to(&run.agents(), models, sampling)
+    save_team_to(&run.agents(), models, sampling, None)
 }
 
-/// [`save_team`] into any directory (keep-best's `best_agents/`).
-pub fn save_team_to(target: &Path, models: &[&LoadedModel], sampling: &SamplingParams) -> Result<()> {
+/// [`save_team`] into any directory (keep-best's `best_agents/`), with an optional extra file
+/// `(name, bytes)` written with the team, in the same exchange.
+pub fn save_team_to(
+    target: &Path,
+    models: &[&LoadedModel],
+    sampling: &SamplingParams,
+    extra: Option<(&str, &[u8])>,
+) -> Result<()> {
     for (i, m) in models.iter().enumerate() {
         check_finite(i, m)?;
     }
@@ -67,6 +73,9 @@ pub fn save_team_to(target: &Path, models: &[&LoadedModel], sampling: &SamplingP
             let name = format!("agent_{i}");
             m.save_hf_dir(&tmp.join(&name), Some(sampling)).with_context(|| format!("saving agent {i}"))?;
             names.push(name);
+        }
+        if let Some((name, bytes)) = extra {
+            super::atomic_write(&tmp.join(name), bytes)?;
         }
         let manifest = TeamManifest { num_actors: models.len(), agents: names };
         super::atomic_write(&tmp.join(MANIFEST), &serde_json::to_vec_pretty(&manifest)?)

@@ -164,10 +164,11 @@ impl<'a> Session<'a> {
             rng.set_word_pos(progress.rng_word_pos);
         } else {
             checkpoint::start_fresh(&run_dir.root)?;
-            let best = best_agents_dir(run_dir);
-            if best.exists() {
-                std::fs::remove_dir_all(&best)
-                    .with_context(|| format!("removing the last run's {}", best.display()))?;
+            for old in [best_agents_dir(run_dir), final_agents_dir(run_dir)] {
+                if old.exists() {
+                    std::fs::remove_dir_all(&old)
+                        .with_context(|| format!("removing the last run's {}", old.display()))?;
+                }
             }
         }
         // Where this run's metrics start, for the plot (a resumed run continues its lines).
@@ -271,8 +272,8 @@ impl<'a> Session<'a> {
         if self.progress.best.is_none_or(|b| point.reward_mean > b.reward_mean) {
             if self.cfg.keep_best {
                 let dir = best_agents_dir(self.run_dir);
-                save_team_to(&dir, &self.models(), &self.cfg.sampling())?;
-                crate::run::atomic_write(&dir.join("best.json"), &serde_json::to_vec_pretty(&point)?)?;
+                let record = serde_json::to_vec_pretty(&point)?;
+                save_team_to(&dir, &self.models(), &self.cfg.sampling(), Some(("best.json", &record)))?;
             }
             self.progress.best = Some(point);
         }
@@ -299,7 +300,7 @@ impl<'a> Session<'a> {
             }
             copy_team(&dir, &self.run_dir.agents())?;
             // The last agents stay available (`pbrl eval --team <run_dir>/final_agents`).
-            save_team_to(&final_agents_dir(self.run_dir), &self.models(), &self.cfg.sampling())?;
+            save_team_to(&final_agents_dir(self.run_dir), &self.models(), &self.cfg.sampling(), None)?;
         } else {
             save_team(self.run_dir, &self.models(), &self.cfg.sampling())?;
         }
