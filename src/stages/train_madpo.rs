@@ -92,15 +92,15 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
     let data = TrainingData { rounds: &files, num_examples: pairs.len() };
     let mut session = Session::open(cfg, run_dir, "train-madpo", &team, data, cfg.agent_learning_rate, opts.resume)?;
     let models = session.models();
-    // The reference log-probs, [actor][pair]; computed before the first update, so "the agents
-    // as training starts" are the weights loaded (a resumed run has restored later ones).
+    // The reference log-probs, [actor][pair]: computed before the first update of a fresh run,
+    // so "the agents as training starts" are the weights just loaded; read back on --resume,
+    // since the session has restored later weights by now.
     let reference = if cfg.madpo_reference || cfg.madpo_log_kl {
         let rows = |a: &Agent, batch: &[&PreferencePair]| agent_rows(&a.model.tokenizer, a.index, batch, max_new, last);
         Some(reference_log_probs(cfg, run_dir, &team, &pairs, &rows, last, &session.progress.fingerprint, opts.resume)?)
     } else {
         None
     };
-    let anchor = cfg.madpo_reference.then_some(()).and(reference.as_ref());
     let started = std::time::Instant::now();
 
     session.run(pairs.len(), cfg.pairs_per_update(), |step, chunk, metrics| {
@@ -129,7 +129,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let r = anchor.and(batch_reference.as_ref()).map(|r| r[i].as_slice());
+                let r = batch_reference.as_ref().filter(|_| cfg.madpo_reference).map(|r| r[i].as_slice());
                 margins(s, r, cfg.madpo_length_normalize)
             })
             .collect::<Result<Vec<_>>>()?;
