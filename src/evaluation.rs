@@ -69,6 +69,14 @@ impl Evaluation {
         sums.iter().map(|s| s / self.records.len().max(1) as f64).collect()
     }
 
+    /// `line` (an object) with [`Evaluation::metrics`] added: a metrics.jsonl line.
+    pub fn with_metrics(&self, mut line: serde_json::Value) -> serde_json::Value {
+        if let (Some(l), serde_json::Value::Object(m)) = (line.as_object_mut(), self.metrics()) {
+            l.extend(m);
+        }
+        line
+    }
+
     /// The metrics every evaluation logs: reward mean, its standard error, each role's response
     /// length.
     pub fn metrics(&self) -> serde_json::Value {

@@ -6,10 +6,9 @@ use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::madpo::agent_loss;
-use crate::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
+use crate::model::scoring::{scored_tokens, sequence_log_probs, LastToken, ScoreRow};
 use crate::model::tokenizer::ChatTokenizer;
 use crate::model::{LoadedModel, Mode};
-
 use crate::prefs::PreferencePair;
 
 /// Actor `a`'s (winner, loser) rows for a batch, re-tokenized from the stored text.
@@ -102,14 +101,6 @@ pub fn batch_scores(
             Ok(ActorScores { sums, tokens })
         })
         .collect()
-}
-
-/// How many of a row's completion tokens the scorer scores.
-pub fn scored_tokens(row: &ScoreRow, last: LastToken) -> usize {
-    match last {
-        LastToken::Include => row.completion.len(),
-        LastToken::Exclude => row.completion.len().saturating_sub(1),
-    }
 }
 
 /// An actor's margins (pairs,): Δ(p) = [v(w) − v_ref(w)] − [v(l) − v_ref(l)] with v the summed

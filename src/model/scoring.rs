@@ -27,6 +27,14 @@ pub enum LastToken {
     Exclude,
 }
 
+/// How many of a row's completion tokens are scored.
+pub fn scored_tokens(row: &ScoreRow, last: LastToken) -> usize {
+    match last {
+        LastToken::Include => row.completion.len(),
+        LastToken::Exclude => row.completion.len().saturating_sub(1),
+    }
+}
+
 /// Packed sequences are filled up to this many tokens. Attention memory grows with its square,
 /// so it stays near the length of one prompt with its completions.
 const PACK_TOKENS: usize = 256;
@@ -88,10 +96,7 @@ pub fn token_log_probs(
     mode: Mode,
 ) -> Result<Option<TokenLogProbs>> {
     let dev = model.device().clone();
-    let n_scored = |r: &ScoreRow| match last {
-        LastToken::Include => r.completion.len(),
-        LastToken::Exclude => r.completion.len().saturating_sub(1),
-    };
+    let n_scored = |r: &ScoreRow| scored_tokens(r, last);
     if let Some(r) = rows.iter().find(|r| r.prompt.is_empty() && n_scored(r) > 0) {
         anyhow::bail!("cannot score a completion without a prompt ({} completion tokens)", r.completion.len());
     }

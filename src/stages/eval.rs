@@ -30,20 +30,17 @@ pub fn run(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<EvalRepo
     let started = std::time::Instant::now();
     let outcome = evaluate(cfg, &team, &items, reward.as_mut(), processor)?;
     let (mean, stderr) = (outcome.reward_mean(), outcome.reward_stderr);
-    let metrics = outcome.metrics();
-    let (records, generated) = (outcome.records, outcome.tokens);
-    let report = json!({"metrics": metrics, "items": records});
+    let report = json!({"metrics": outcome.metrics(), "items": outcome.records});
     let stem = chrono::Utc::now().format("eval-%Y%m%dT%H%M%SZ").to_string();
     let path = write_new_report(&run_dir.eval(), &stem, serde_json::to_string_pretty(&report)?.as_bytes())?;
-    let mut line = json!({
+    run_dir.log_metrics(&outcome.with_metrics(json!({
         "stage": "eval", "time": chrono::Utc::now().to_rfc3339(), "num_items": items.len(),
         "samples_per_item": cfg.eval_samples_per_item,
-        "tokens_per_s": generated as f64 / started.elapsed().as_secs_f64(),
-    });
-    line.as_object_mut().expect("an object").extend(report["metrics"].as_object().expect("an object").clone());
-    run_dir.log_metrics(&line)?;
+        "tokens_per_s": outcome.tokens as f64 / started.elapsed().as_secs_f64(),
+    })))?;
+    let records = &outcome.records;
 
-    print_table(&records, cfg.eval_samples_per_item as usize);
+    print_table(records, cfg.eval_samples_per_item as usize);
     println!("eval/turn_1/reward_mean     {mean:.4}");
     println!("eval/turn_1/expected_return {mean:.4}");
     println!(

@@ -255,7 +255,13 @@ fn reference_log_probs(
         let batch: Vec<&PreferencePair> = chunk.iter().collect();
         for (i, (agent, scorer)) in team.iter().zip(&scorers).enumerate() {
             let r = rows(agent, &batch)?;
-            if rows(scorer, &batch)?.iter().zip(&r).any(|(a, b)| a.completion != b.completion || a.prompt != b.prompt) {
+            // Another model must read the pairs as the agent does (same token ids).
+            if cfg.reference_model_name.is_some()
+                && rows(scorer, &batch)?
+                    .iter()
+                    .zip(&r)
+                    .any(|(a, b)| a.completion != b.completion || a.prompt != b.prompt)
+            {
                 bail!(
                     "reference_model_name `{policy}` tokenizes agent {i}'s training pairs differently from the agent: \
                      the reference must share the agents' tokenizer"

@@ -266,9 +266,7 @@ impl<'a> Session<'a> {
             reward_stderr: out.reward_stderr,
         };
         ev.last = Some(point);
-        let mut line = json!({"stage": self.stage, "update": point.update});
-        line.as_object_mut().expect("an object").extend(out.metrics().as_object().expect("an object").clone());
-        self.run_dir.log_metrics(&line)?;
+        self.run_dir.log_metrics(&out.with_metrics(json!({"stage": self.stage, "update": point.update})))?;
         if self.progress.best.is_none_or(|b| point.reward_mean > b.reward_mean) {
             if self.cfg.keep_best {
                 let dir = best_agents_dir(self.run_dir);
