@@ -23,6 +23,9 @@ pub enum Command {
     Collect(CollectArgs),
     /// Train the agents with MADPO on the stored preference rounds.
     TrainMadpo(TrainArgs),
+    /// Fit a joint reward model to the stored preference rounds (Bradley–Terry), saved in
+    /// <run_dir>/reward_model.
+    FitRm(TrainArgs),
     /// Sample from the agents, score with the task reward only, write a report.
     Eval(EvalArgs),
 }
@@ -41,7 +44,8 @@ pub struct EvalArgs {
 pub struct TrainArgs {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// Continue from the newest checkpoint in <run_dir>/checkpoints.
+    /// Continue from the newest checkpoint (train-madpo: <run_dir>/checkpoints; fit-rm:
+    /// <run_dir>/reward_model_training/checkpoints).
     #[arg(long)]
     pub resume: bool,
 }

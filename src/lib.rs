@@ -12,6 +12,7 @@ pub mod model;
 pub mod plot;
 pub mod prefs;
 pub mod progress;
+pub mod reward_model;
 pub mod rng;
 pub mod run;
 pub mod stages;

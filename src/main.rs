@@ -81,6 +81,10 @@ fn run(cli: Cli) -> Result<()> {
             let opts = pbrl::stages::train_madpo::TrainOptions { resume: args.resume };
             pbrl::stages::train_madpo::run(&cfg, &run_dir, &opts)?;
         }
+        Command::FitRm(args) => {
+            let Some((cfg, run_dir, _lock)) = load_config(&args.common, "fit-rm")? else { return Ok(()) };
+            pbrl::stages::fit_rm::run(&cfg, &run_dir, &pbrl::stages::fit_rm::FitOptions { resume: args.resume })?;
+        }
         Command::Eval(args) => {
             let Some((cfg, run_dir, _lock)) = load_config(&args.common, "eval")? else { return Ok(()) };
             let members = match args.team.as_str() {

@@ -22,6 +22,9 @@ pub mod purpose {
     pub const REPLAY: u64 = 4;
     pub const TRAIN: u64 = 5;
     pub const SPLIT: u64 = 6;
+    pub const REWARD_HEAD: u64 = 7;
+    pub const REWARD_SPLIT: u64 = 8;
+    pub const REWARD_TRAIN: u64 = 9;
 }
 
 #[cfg(test)]

@@ -205,6 +205,9 @@ pub struct Config {
     pub eval_split: EvalSplit,
     /// Save the agents of the best periodic evaluation instead of the last ones.
     pub keep_best: bool,
+    /// Share of the selected pairs `fit-rm` holds out to report the reward model's accuracy
+    /// on pairs it was not fitted on (0: none).
+    pub reward_eval_fraction: f64,
 
     // --- reference MADPOConfig fields -------------------------------------------------------
     pub num_train_epochs: i64,
@@ -244,6 +247,21 @@ pub struct Config {
     pub use_environment_step: bool,
     pub environment_steps_per_pair: i64,
 
+    // --- reference MARLHFConfig fields (the reward model) -----------------------------------
+    /// The reward model's backbone (any model source); default: the first actor's source.
+    #[serde(deserialize_with = "opt")]
+    pub reward_model_name: Option<String>,
+    /// Default: the first actor's device (the reference defaults to "cuda:0").
+    #[serde(deserialize_with = "opt")]
+    pub reward_model_device: Option<String>,
+    pub reward_learning_rate: f64,
+    pub reward_num_train_epochs: i64,
+    pub reward_train_batch_size: i64,
+    /// Tokens kept of a joint text; default: the backbone's context.
+    #[serde(deserialize_with = "opt")]
+    pub reward_max_length: Option<i64>,
+    pub reward_freeze_backbone: bool,
+
     pub task: TaskConfig,
     pub reward: RewardConfig,
 }
@@ -274,6 +292,7 @@ impl Default for Config {
             madpo_log_kl: false,
             eval_split: EvalSplit::EvalFile,
             keep_best: false,
+            reward_eval_fraction: 0.1,
             num_train_epochs: 20,
             agent_learning_rate: 5e-6,
             logging_steps: 50,
@@ -306,6 +325,13 @@ impl Default for Config {
             dpo_beta: 0.1,
             use_environment_step: true,
             environment_steps_per_pair: 2,
+            reward_model_name: None,
+            reward_model_device: None,
+            reward_learning_rate: 1e-5,
+            reward_num_train_epochs: 1,
+            reward_train_batch_size: 1,
+            reward_max_length: None,
+            reward_freeze_backbone: false,
             task: TaskConfig::default(),
             reward: RewardConfig::default(),
         }
@@ -398,6 +424,22 @@ impl Config {
         } else {
             self.num_agents as usize
         }
+    }
+
+    /// The reward model's backbone source and device (reference §7.1: `reward_model_name`, else
+    /// the actors' model; the device: `reward_model_device`, else the first actor's).
+    pub fn reward_model_source(&self) -> Result<(String, String), ConfigError> {
+        let source = match &self.reward_model_name {
+            Some(s) => s.clone(),
+            None => self.agent_sources()?.swap_remove(0),
+        };
+        let device = match &self.reward_model_device {
+            Some(d) => d.clone(),
+            None => {
+                DeviceSpec::resolve(self.agent_devices.as_ref(), self.num_actors(), "agent_devices")?.swap_remove(0)
+            }
+        };
+        Ok((source, device))
     }
 
     /// The model source of each actor.

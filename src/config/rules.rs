@@ -201,7 +201,28 @@ impl Config {
             return err("checkpoint_total_limit must be null or >= 1.");
         }
         DeviceSpec::resolve(self.agent_devices.as_ref(), self.num_actors(), "agent_devices")?;
+        self.validate_reward_model()?;
         self.validate_training_extras()
+    }
+
+    /// Reference MARLHFConfig rules for the reward model (§2.2), plus pbrl's held-out share.
+    fn validate_reward_model(&self) -> Result<(), ConfigError> {
+        if self.reward_learning_rate <= 0.0 {
+            return err("reward_learning_rate must be > 0.");
+        }
+        if self.reward_num_train_epochs < 1 {
+            return err("reward_num_train_epochs must be >= 1.");
+        }
+        if self.reward_train_batch_size < 1 {
+            return err("reward_train_batch_size must be >= 1.");
+        }
+        if self.reward_max_length.is_some_and(|m| m < 1) {
+            return err("reward_max_length must be None or >= 1.");
+        }
+        if !(0.0..1.0).contains(&self.reward_eval_fraction) {
+            return err("reward_eval_fraction must be in [0, 1) (0 holds no pairs out).");
+        }
+        Ok(())
     }
 
     /// pbrl's anchored MADPO and keep-best rules.

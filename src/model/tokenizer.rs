@@ -99,6 +99,13 @@ impl ChatTokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// As transformers' `tokenizer(text)` encodes by default: with the special tokens the
+    /// tokenizer's post-processor adds (Llama 3's `<|begin_of_text|>`; none for SmolLM2).
+    pub fn encode_with_special_tokens(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.tokenizer.encode(text, true).map_err(|e| anyhow!("tokenizer: {e}"))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
     /// Text of generated tokens, special tokens (the stop token) removed.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.tokenizer.decode(ids, true).map_err(|e| anyhow!("tokenizer: {e}"))

@@ -1,7 +1,9 @@
 //! Files that are whole or absent: written to a temporary sibling (`.NAME.tmp-PID`), synced,
 //! then renamed into place. A temporary file never outlives an error, and one left by a killed
 //! process is swept at the next command's start ([`sweep_stale`]). Every error names the file.
+use std::ffi::CString;
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -52,6 +54,46 @@ pub fn atomic_create(path: &Path, bytes: &[u8]) -> Result<()> {
         }
         Err(e) => Err(e).with_context(|| format!("creating {}", path.display())),
     }
+}
+
+/// Atomically swap two existing paths (Linux `renameat2` with `RENAME_EXCHANGE`).
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    let ca = CString::new(a.as_os_str().as_bytes())?;
+    let cb = CString::new(b.as_os_str().as_bytes())?;
+    // SAFETY: two valid NUL-terminated paths relative to the working directory.
+    let rc =
+        unsafe { libc::renameat2(libc::AT_FDCWD, ca.as_ptr(), libc::AT_FDCWD, cb.as_ptr(), libc::RENAME_EXCHANGE) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Fill a temporary sibling of `target` with `fill`, then swap it into place in one atomic
+/// exchange (or rename, the first time); on failure nothing of it is left.
+pub fn install_dir(target: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let tmp = temp_sibling(target, "tmp")?;
+    let write = || -> Result<()> {
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp)?;
+        }
+        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        fill(&tmp)?;
+        if target.exists() {
+            exchange(&tmp, target).with_context(|| format!("replacing {}", target.display()))?;
+            std::fs::remove_dir_all(&tmp)
+                .with_context(|| format!("removing the previous contents in {}", tmp.display()))?;
+        } else {
+            std::fs::rename(&tmp, target).with_context(|| format!("renaming into {}", target.display()))?;
+        }
+        Ok(())
+    };
+    let result = write();
+    if result.is_err() && tmp.exists() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    result
 }
 
 /// Whether a process with this pid is alive (signal 0 probes without signalling).

@@ -14,8 +14,8 @@ use sha2::{Digest, Sha256};
 use crate::config::Config;
 
 /// Keys that cannot change the trained weights or the exported files: where things go, what
-/// is logged or evaluated, how often checkpoints are written, and `num_train_epochs` (resuming
-/// with more epochs extends a run). With `keep_best` the evaluation keys choose the saved
+/// is logged or evaluated, how often checkpoints are written, and the epochs (`num_train_epochs`,
+/// `reward_num_train_epochs`: resuming with more epochs extends a run). With `keep_best` the evaluation keys choose the saved
 /// agents, so they stay in ([`KEEP_BEST_KEYS`]).
 const NOT_IN_FINGERPRINT: &[&str] = &[
     "run_dir",
@@ -29,6 +29,7 @@ const NOT_IN_FINGERPRINT: &[&str] = &[
     "checkpoint_total_limit",
     "reward_timeout_s",
     "num_train_epochs",
+    "reward_num_train_epochs",
     "log_reward_distribution",
     "reward_range",
     "collect_batch_size",

@@ -4,8 +4,6 @@
 //! leaves the old team or the new one, never a mix. A command that expects trained agents and
 //! finds `agents/` without a manifest, or not matching it, says so instead of filling the gap
 //! with base models.
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -22,32 +20,19 @@ pub struct TeamManifest {
     pub agents: Vec<String>,
 }
 
-/// Refuse weights that are not all finite: a NaN agent is never saved.
-fn check_finite(i: usize, m: &LoadedModel) -> Result<()> {
+/// Refuse weights that are not all finite: a NaN model (`what`: "agent 0", "the reward model")
+/// is never saved.
+pub fn check_finite(what: &str, m: &LoadedModel) -> Result<()> {
     let data = m.varmap.data().lock().expect("VarMap lock");
     for (name, var) in data.iter() {
         let t = var.as_tensor().to_dtype(candle_core::DType::F32)?;
         let sum = t.sum_all()?.to_scalar::<f32>()?;
         let max = t.abs()?.max_all()?.to_scalar::<f32>()?;
         if sum.is_nan() || !max.is_finite() {
-            bail!("agent {i}: weight `{name}` has non-finite values; nothing was saved (the previous agents are kept)");
+            bail!("{what}: weight `{name}` has non-finite values; nothing was saved (what was saved before is kept)");
         }
     }
     Ok(())
-}
-
-/// Atomically swap two existing paths (Linux `renameat2` with `RENAME_EXCHANGE`).
-fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
-    let ca = CString::new(a.as_os_str().as_bytes())?;
-    let cb = CString::new(b.as_os_str().as_bytes())?;
-    // SAFETY: two valid NUL-terminated paths relative to the working directory.
-    let rc =
-        unsafe { libc::renameat2(libc::AT_FDCWD, ca.as_ptr(), libc::AT_FDCWD, cb.as_ptr(), libc::RENAME_EXCHANGE) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 /// Save every actor as `agents/agent_i` (Hugging Face directories with the run's sampling
@@ -65,9 +50,9 @@ pub fn save_team_to(
     extra: Option<(&str, &[u8])>,
 ) -> Result<()> {
     for (i, m) in models.iter().enumerate() {
-        check_finite(i, m)?;
+        check_finite(&format!("agent {i}"), m)?;
     }
-    install(target, |tmp| {
+    super::atomic::install_dir(target, |tmp| {
         let mut names = Vec::new();
         for (i, m) in models.iter().enumerate() {
             let name = format!("agent_{i}");
@@ -88,7 +73,7 @@ pub fn copy_team(from: &Path, target: &Path) -> Result<()> {
     if !from.join(MANIFEST).is_file() {
         bail!("{} holds no saved team ({MANIFEST} is missing)", from.display());
     }
-    install(target, |tmp| copy_dir(from, tmp))
+    super::atomic::install_dir(target, |tmp| copy_dir(from, tmp))
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
@@ -104,32 +89,6 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Fill a temporary sibling of `target` with `fill`, then swap it into place in one atomic
-/// exchange (or rename, the first time); on failure nothing of it is left.
-fn install(target: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let tmp = super::atomic::temp_sibling(target, "tmp")?;
-    let write = || -> Result<()> {
-        if tmp.exists() {
-            std::fs::remove_dir_all(&tmp)?;
-        }
-        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        fill(&tmp)?;
-        if target.exists() {
-            exchange(&tmp, target).with_context(|| format!("replacing {}", target.display()))?;
-            std::fs::remove_dir_all(&tmp)
-                .with_context(|| format!("removing the previous team in {}", tmp.display()))?;
-        } else {
-            std::fs::rename(&tmp, target).with_context(|| format!("renaming into {}", target.display()))?;
-        }
-        Ok(())
-    };
-    let result = write();
-    if result.is_err() && tmp.exists() {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    result
 }
 
 /// The team saved in `dir` (a run's `agents/`): `None` when there is none, the agent

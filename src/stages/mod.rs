@@ -1,4 +1,5 @@
 //! One file per subcommand, each readable top to bottom: load → loop → save.
 pub mod collect;
 pub mod eval;
+pub mod fit_rm;
 pub mod train_madpo;

@@ -15,14 +15,21 @@ pub fn held_out(n: usize, share: f64, seed: u64) -> Result<Vec<bool>> {
     if n < 2 {
         bail!("eval_split = {share} needs at least 2 train items to hold some out, the train file has {n}");
     }
+    Ok(choose_held_out(n, share, derive_seed(seed, &[purpose::SPLIT])))
+}
+
+/// round(n·share) of `n ≥ 2` things, at least 1 and leaving at least 1, chosen by the random
+/// stream `stream_seed`.
+pub fn choose_held_out(n: usize, share: f64, stream_seed: u64) -> Vec<bool> {
+    assert!(n >= 2, "choose_held_out needs at least 2 things to split");
     let k = ((n as f64 * share).round() as usize).clamp(1, n - 1);
     let mut order: Vec<usize> = (0..n).collect();
-    order.shuffle(&mut ChaCha8Rng::seed_from_u64(derive_seed(seed, &[purpose::SPLIT])));
+    order.shuffle(&mut ChaCha8Rng::seed_from_u64(stream_seed));
     let mut held = vec![false; n];
     for &i in &order[..k] {
         held[i] = true;
     }
-    Ok(held)
+    held
 }
 
 fn all_train_items(cfg: &Config) -> Result<Vec<TaskItem>> {

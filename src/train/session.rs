@@ -11,10 +11,10 @@
 //!    final agents), the team saved whole (with `keep_best`: the agents of the best evaluation,
 //!    kept in `best_agents/` as they were found), `training_summary.json`, a plot of the run's
 //!    metrics (`training_plot.svg`), and the run marked finished.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Tensor, Var};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -107,14 +107,35 @@ pub struct Session<'a> {
     cfg: &'a Config,
     run_dir: &'a RunDir,
     stage: &'static str,
-    team: &'a [Agent],
+    /// The agents, when the session trains them (evaluated, saved at the end).
+    team: Option<&'a [Agent]>,
+    models: Vec<&'a LoadedModel>,
+    epochs: u64,
+    state_dir: PathBuf,
     optims: Vec<AdamW>,
     pub progress: Progress,
     rng: ChaCha8Rng,
     eval: Option<PeriodicEval>,
 }
 
+/// What a session trains and how: the models (with the weights each one's optimizer updates,
+/// and the sources the fingerprint names), the learning rate, the epochs, where checkpoints and
+/// the summary go, and the random stream that shuffles the examples.
+pub struct Plan<'a> {
+    pub stage: &'static str,
+    pub models: Vec<&'a LoadedModel>,
+    pub params: Vec<Vec<(String, Var)>>,
+    pub sources: Vec<String>,
+    pub learning_rate: f64,
+    pub epochs: u64,
+    /// Holds `checkpoints/`, `training_summary.json` and `training_plot.svg`.
+    pub state_dir: PathBuf,
+    pub shuffle_purpose: u64,
+}
+
 impl<'a> Session<'a> {
+    /// A session on the team: every weight trained at `learning_rate` for `num_train_epochs`,
+    /// with the periodic evaluation and keep-best, the state in the run directory itself.
     pub fn open(
         cfg: &'a Config,
         run_dir: &'a RunDir,
@@ -124,30 +145,46 @@ impl<'a> Session<'a> {
         learning_rate: f64,
         resume: bool,
     ) -> Result<Self> {
-        let n = team.len();
-        let adam = AdamWConfig::torch_defaults(learning_rate);
-        let mut optims = team
-            .iter()
-            .map(|a| {
-                let params = a
-                    .model
-                    .varmap
-                    .data()
-                    .lock()
-                    .expect("VarMap lock")
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                AdamW::new(params, adam).with_context(|| format!("agent {}: allocating the AdamW state", a.index))
+        let plan = Plan {
+            stage,
+            models: team.iter().map(|a| &a.model).collect(),
+            params: team.iter().map(|a| all_weights(&a.model)).collect(),
+            // The configured sources, not the team as loaded: resuming restores every weight
+            // from the checkpoint, and a run that finished has replaced the team it started from.
+            sources: cfg.agent_sources()?,
+            learning_rate,
+            epochs: cfg.num_train_epochs as u64,
+            state_dir: run_dir.root.clone(),
+            shuffle_purpose: purpose::TRAIN,
+        };
+        Self::open_plan(cfg, run_dir, plan, Some(team), data, resume)
+    }
+
+    /// A session on any models (`team`: the agents, for the periodic evaluation and for saving
+    /// them at the end; `None` for a reward model, which its stage saves itself).
+    pub fn open_plan(
+        cfg: &'a Config,
+        run_dir: &'a RunDir,
+        plan: Plan<'a>,
+        team: Option<&'a [Agent]>,
+        data: TrainingData,
+        resume: bool,
+    ) -> Result<Self> {
+        let n = plan.models.len();
+        let adam = AdamWConfig::torch_defaults(plan.learning_rate);
+        let mut optims = plan
+            .params
+            .into_iter()
+            .enumerate()
+            .map(|(i, params)| {
+                AdamW::new(params, adam).with_context(|| format!("model {i}: allocating the AdamW state"))
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[purpose::TRAIN]));
+        let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[plan.shuffle_purpose]));
         let rounds: Vec<u32> = data.rounds.iter().map(|(r, _)| *r).collect();
-        // The configured sources, not the team as loaded: resuming restores every weight from
-        // the checkpoint, and a run that finished has replaced the team it started from.
-        let fingerprint = Fingerprint::of_training(cfg, data.rounds, &cfg.agent_sources()?)?;
+        let fingerprint = Fingerprint::of_training(cfg, data.rounds, &plan.sources)?;
         let mut progress = Progress {
-            kind: stage.into(),
+            kind: plan.stage.into(),
             epoch: 0,
             updates: 0,
             rng_word_pos: 0,
@@ -155,38 +192,56 @@ impl<'a> Session<'a> {
             skipped_nonfinite: vec![0; n],
             rounds: rounds.clone(),
             num_pairs: data.num_examples,
-            num_train_epochs: cfg.num_train_epochs as u64,
+            num_train_epochs: plan.epochs,
             fingerprint,
             best: None,
         };
+        let state_dir = plan.state_dir;
         if resume {
-            progress = resume_from_checkpoint(run_dir, team, &mut optims, progress)?;
+            progress = resume_from_checkpoint(&state_dir, &plan.models, &mut optims, progress)?;
             rng.set_word_pos(progress.rng_word_pos);
         } else {
-            checkpoint::start_fresh(&run_dir.root)?;
-            for old in [best_agents_dir(run_dir), final_agents_dir(run_dir)] {
-                if old.exists() {
-                    std::fs::remove_dir_all(&old)
-                        .with_context(|| format!("removing the last run's {}", old.display()))?;
+            checkpoint::start_fresh(&state_dir)?;
+            if team.is_some() {
+                for old in [best_agents_dir(run_dir), final_agents_dir(run_dir)] {
+                    if old.exists() {
+                        std::fs::remove_dir_all(&old)
+                            .with_context(|| format!("removing the last run's {}", old.display()))?;
+                    }
                 }
             }
         }
         // Where this run's metrics start, for the plot (a resumed run continues its lines).
-        run_dir.log_metrics(&json!({"stage": stage, "event": if resume { "resume" } else { "start" },
+        run_dir.log_metrics(&json!({"stage": plan.stage, "event": if resume { "resume" } else { "start" },
             "update": progress.updates}))?;
-        let eval = match if cfg.eval_interval > 0 { periodic_eval_items(cfg)? } else { None } {
-            Some(items) => {
-                check_fits(team, &items, cfg.max_new_tokens as usize, cfg.eval_rows(), "eval")?;
-                let (reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
-                Some(PeriodicEval { items, reward, processor, last: None })
-            }
-            None => None,
+        let eval = match team {
+            Some(team) if cfg.eval_interval > 0 => match periodic_eval_items(cfg)? {
+                Some(items) => {
+                    check_fits(team, &items, cfg.max_new_tokens as usize, cfg.eval_rows(), "eval")?;
+                    let (reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
+                    Some(PeriodicEval { items, reward, processor, last: None })
+                }
+                None => None,
+            },
+            _ => None,
         };
-        Ok(Self { cfg, run_dir, stage, team, optims, progress, rng, eval })
+        Ok(Self {
+            cfg,
+            run_dir,
+            stage: plan.stage,
+            team,
+            models: plan.models,
+            epochs: plan.epochs,
+            state_dir,
+            optims,
+            progress,
+            rng,
+            eval,
+        })
     }
 
     pub fn models(&self) -> Vec<&'a LoadedModel> {
-        self.team.iter().map(|a| &a.model).collect()
+        self.models.clone()
     }
 
     /// Every remaining epoch over `num_examples` shuffled examples in batches of `batch_size`;
@@ -198,7 +253,7 @@ impl<'a> Session<'a> {
         mut step: impl FnMut(&mut Step, &[usize], &mut Value) -> Result<()>,
     ) -> Result<()> {
         let cfg = self.cfg;
-        let epochs = cfg.num_train_epochs as u64;
+        let epochs = self.epochs;
         let batches = num_examples.div_ceil(batch_size) as u64;
         let bar = progress::bar((epochs - self.progress.epoch.min(epochs)) * batches, self.stage);
         let (started, first_update) = (std::time::Instant::now(), self.progress.updates);
@@ -229,14 +284,7 @@ impl<'a> Session<'a> {
             if cfg.checkpoint_interval > 0 && self.progress.epoch.is_multiple_of(cfg.checkpoint_interval as u64) {
                 let limit = cfg.checkpoint_total_limit.map(|l| l as usize);
                 let models = self.models();
-                checkpoint::save(
-                    &self.run_dir.root,
-                    self.progress.epoch,
-                    &models,
-                    &self.optims,
-                    &self.progress,
-                    limit,
-                )?;
+                checkpoint::save(&self.state_dir, self.progress.epoch, &models, &self.optims, &self.progress, limit)?;
             }
         }
         bar.finish_and_clear();
@@ -258,8 +306,8 @@ impl<'a> Session<'a> {
     /// Evaluate the agents as they are now, log it, and with `keep_best` keep them when they
     /// beat the best so far (strictly: a tie keeps the earlier, less trained agents).
     fn evaluate_now(&mut self) -> Result<()> {
-        let Some(ev) = self.eval.as_mut() else { return Ok(()) };
-        let out = evaluate(self.cfg, self.team, &ev.items, ev.reward.as_mut(), ev.processor)?;
+        let (Some(ev), Some(team)) = (self.eval.as_mut(), self.team) else { return Ok(()) };
+        let out = evaluate(self.cfg, team, &ev.items, ev.reward.as_mut(), ev.processor)?;
         let point = EvalPoint {
             update: self.progress.updates,
             reward_mean: out.reward_mean(),
@@ -279,28 +327,14 @@ impl<'a> Session<'a> {
     }
 
     /// Save the team whole (with the run's sampling settings; with `keep_best`, the best
-    /// evaluation's agents), write the summary and the plot, and mark the run finished.
+    /// evaluation's agents), write the summary and the plot, and mark the run finished. A
+    /// session without a team saves nothing itself: its stage has saved what it trained.
     pub fn finish(self) -> Result<TrainingSummary> {
         let final_eval = self.eval.as_ref().and_then(|ev| ev.last);
         let best = self.progress.best;
         let use_best = self.cfg.keep_best && best.is_some_and(|b| Some(b.update) != final_eval.map(|f| f.update));
-        if use_best {
-            let dir = best_agents_dir(self.run_dir);
-            let kept: EvalPoint = serde_json::from_slice(&std::fs::read(dir.join("best.json"))?)
-                .with_context(|| format!("{}/best.json: not a pbrl evaluation record", dir.display()))?;
-            if Some(kept.update) != best.map(|b| b.update) {
-                bail!(
-                    "{} holds the agents after update {}, but the best evaluation was after update {}; train again",
-                    dir.display(),
-                    kept.update,
-                    best.map_or(0, |b| b.update)
-                );
-            }
-            copy_team(&dir, &self.run_dir.agents())?;
-            // The last agents stay available (`pbrl eval --team <run_dir>/final_agents`).
-            save_team_to(&final_agents_dir(self.run_dir), &self.models(), &self.cfg.sampling(), None)?;
-        } else {
-            save_team(self.run_dir, &self.models(), &self.cfg.sampling())?;
+        if self.team.is_some() {
+            self.save_team(use_best)?;
         }
         let summary = TrainingSummary {
             stage: self.stage.into(),
@@ -309,14 +343,39 @@ impl<'a> Session<'a> {
             best_eval: best,
             saved: if use_best { "best" } else { "final" },
         };
-        let path = self.run_dir.root.join("training_summary.json");
+        let path = self.state_dir.join("training_summary.json");
         crate::run::atomic_write(&path, &serde_json::to_vec_pretty(&summary)?)?;
         crate::run::atomic_write(
-            &self.run_dir.root.join("training_plot.svg"),
+            &self.state_dir.join("training_plot.svg"),
             training_plot(self.run_dir, self.stage)?.as_bytes(),
         )?;
-        checkpoint::mark_finished(&self.run_dir.root, &checkpoint::Finished { epochs: self.progress.epoch })?;
+        checkpoint::mark_finished(&self.state_dir, &checkpoint::Finished { epochs: self.progress.epoch })?;
         Ok(summary)
+    }
+}
+
+impl Session<'_> {
+    /// The team into `agents/`: the last agents, or with `use_best` the best evaluation's (kept
+    /// in `best_agents/`), the last ones then going to `final_agents/`.
+    fn save_team(&self, use_best: bool) -> Result<()> {
+        if !use_best {
+            return save_team(self.run_dir, &self.models(), &self.cfg.sampling());
+        }
+        let best = self.progress.best;
+        let dir = best_agents_dir(self.run_dir);
+        let kept: EvalPoint = serde_json::from_slice(&std::fs::read(dir.join("best.json"))?)
+            .with_context(|| format!("{}/best.json: not a pbrl evaluation record", dir.display()))?;
+        if Some(kept.update) != best.map(|b| b.update) {
+            bail!(
+                "{} holds the agents after update {}, but the best evaluation was after update {}; train again",
+                dir.display(),
+                kept.update,
+                best.map_or(0, |b| b.update)
+            );
+        }
+        copy_team(&dir, &self.run_dir.agents())?;
+        // The last agents stay available (`pbrl eval --team <run_dir>/final_agents`).
+        save_team_to(&final_agents_dir(self.run_dir), &self.models(), &self.cfg.sampling(), None)
     }
 }
 
@@ -371,22 +430,37 @@ const PLOTTED: &[&str] = &[
     "madpo/loser_tokens",
     "madpo/winner_shorter",
     "madpo/implied_kl",
+    "rm/loss",
+    "rm/accuracy",
+    "rm/eval_accuracy",
+    "rm/eval_margin_mean",
 ];
+
+/// Every weight of a model, by name (the team's optimizers update them all).
+pub fn all_weights(m: &LoadedModel) -> Vec<(String, Var)> {
+    let data = m.varmap.data().lock().expect("VarMap lock");
+    data.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
 
 /// The newest checkpoint's state, refused when it was written under another setup or belongs to
 /// a run that finished (unless more epochs are asked for, which extends it).
-fn resume_from_checkpoint(run_dir: &RunDir, team: &[Agent], optims: &mut [AdamW], now: Progress) -> Result<Progress> {
-    let (num, path) = checkpoint::list(&run_dir.root)?.pop().with_context(|| {
-        format!("--resume: no checkpoint in {}", checkpoint::checkpoints_dir(&run_dir.root).display())
-    })?;
+fn resume_from_checkpoint(
+    state_dir: &Path,
+    models: &[&LoadedModel],
+    optims: &mut [AdamW],
+    now: Progress,
+) -> Result<Progress> {
+    let (num, path) = checkpoint::list(state_dir)?
+        .pop()
+        .with_context(|| format!("--resume: no checkpoint in {}", checkpoint::checkpoints_dir(state_dir).display()))?;
     let saved = checkpoint::read_progress(&path)?;
-    let finished = checkpoint::finished(&run_dir.root)?;
+    let finished = checkpoint::finished(state_dir)?;
     if let Some(f) = &finished {
         if now.num_train_epochs <= f.epochs {
             bail!(
                 "--resume: the training run in {} finished ({} epochs), so there is nothing to resume; train without \
-                 --resume to start over, or raise num_train_epochs to extend it",
-                run_dir.root.display(),
+                 --resume to start over, or raise the number of epochs to extend it",
+                state_dir.display(),
                 f.epochs
             );
         }
@@ -398,8 +472,7 @@ fn resume_from_checkpoint(run_dir: &RunDir, team: &[Agent], optims: &mut [AdamW]
             changed.join("; ")
         );
     }
-    let models: Vec<&LoadedModel> = team.iter().map(|a| &a.model).collect();
-    let mut progress = checkpoint::restore(&path, &models, optims)?;
+    let mut progress = checkpoint::restore(&path, models, optims)?;
     if progress.rounds != now.rounds || progress.num_pairs != now.num_pairs {
         bail!(
             "checkpoint-{num} was trained on rounds {:?} ({} pairs), not on the selected rounds {:?} ({} pairs)",

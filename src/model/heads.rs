@@ -1,0 +1,112 @@
+//! Scalar heads on a transformer's final hidden states (the joint reward model's score; critics'
+//! values). A head's weights live in the backbone's `VarMap` under their own prefix, so
+//! checkpoints and optimizers see them with the backbone's weights, while an exported backbone
+//! (`LoadedModel::save_hf_dir`, which writes the language model's weights only) leaves them out.
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::VarMap;
+use rand::Rng;
+
+/// `score = h · w + b`: PyTorch's `nn.Linear(hidden, 1)` on one hidden state per row.
+#[derive(Debug, Clone)]
+pub struct ScalarHead {
+    weight: Tensor, // (1, hidden)
+    bias: Tensor,   // (1,)
+    pub prefix: String,
+}
+
+impl ScalarHead {
+    pub fn weight_name(prefix: &str) -> String {
+        format!("{prefix}.weight")
+    }
+
+    pub fn bias_name(prefix: &str) -> String {
+        format!("{prefix}.bias")
+    }
+
+    /// A fresh head in `varmap` with PyTorch's default `nn.Linear` init (weight and bias
+    /// U(−1/√hidden, 1/√hidden)), drawn from `rng`.
+    pub fn init(varmap: &VarMap, prefix: &str, hidden: usize, rng: &mut impl Rng, dev: &Device) -> Result<Self> {
+        let bound = 1.0 / (hidden as f64).sqrt();
+        let mut draw = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-bound..bound) as f32).collect() };
+        let weight = Tensor::from_vec(draw(hidden), (1, hidden), dev)?;
+        let bias = Tensor::from_vec(draw(1), 1, dev)?;
+        Self::insert(varmap, prefix, weight, bias)
+    }
+
+    /// A head from given weights ((1, hidden) and (1,)), inserted into `varmap` as `Var`s.
+    pub fn insert(varmap: &VarMap, prefix: &str, weight: Tensor, bias: Tensor) -> Result<Self> {
+        let mut data = varmap.data().lock().expect("VarMap lock");
+        for name in [Self::weight_name(prefix), Self::bias_name(prefix)] {
+            if data.contains_key(&name) {
+                bail!("the model already has a weight `{name}`");
+            }
+        }
+        let weight = Var::from_tensor(&weight.to_dtype(DType::F32)?)?;
+        let bias = Var::from_tensor(&bias.to_dtype(DType::F32)?)?;
+        let head = Self { weight: weight.as_tensor().clone(), bias: bias.as_tensor().clone(), prefix: prefix.into() };
+        data.insert(Self::weight_name(prefix), weight);
+        data.insert(Self::bias_name(prefix), bias);
+        Ok(head)
+    }
+
+    /// The head's weights as stored (for saving): name → tensor.
+    pub fn tensors(&self) -> Vec<(String, Tensor)> {
+        vec![(Self::weight_name(&self.prefix), self.weight.clone()), (Self::bias_name(&self.prefix), self.bias.clone())]
+    }
+
+    /// Read a head saved by [`ScalarHead::tensors`] from a safetensors file.
+    pub fn load(varmap: &VarMap, prefix: &str, hidden: usize, file: &std::path::Path, dev: &Device) -> Result<Self> {
+        let t = candle_core::safetensors::load(file, dev).with_context(|| format!("reading {}", file.display()))?;
+        let get = |name: String, dims: &[usize]| -> Result<Tensor> {
+            let x = t.get(&name).with_context(|| format!("{}: no tensor `{name}`", file.display()))?;
+            if x.dims() != dims {
+                bail!("{}: `{name}` has shape {:?}, the backbone needs {dims:?}", file.display(), x.dims());
+            }
+            Ok(x.clone())
+        };
+        Self::insert(varmap, prefix, get(Self::weight_name(prefix), &[1, hidden])?, get(Self::bias_name(prefix), &[1])?)
+    }
+
+    /// Scores (b,) of hidden states (b, hidden).
+    pub fn forward(&self, hidden: &Tensor) -> Result<Tensor> {
+        let w = self.weight.to_dtype(hidden.dtype())?;
+        let b = self.bias.to_dtype(hidden.dtype())?;
+        Ok(hidden.matmul(&w.t()?)?.broadcast_add(&b)?.squeeze(1)?)
+    }
+}
+
+/// Each right-padded row's last real token from hidden states as (b·seq, hidden) rows: the
+/// reference's "last position whose mask is 1" (for right padding: length − 1; an empty row
+/// takes position 0, as the reference does).
+pub fn last_token_rows(hidden_rows: &Tensor, seq: usize, lengths: &[usize]) -> Result<Tensor> {
+    let idx: Vec<u32> = lengths.iter().enumerate().map(|(b, &n)| (b * seq + n.saturating_sub(1)) as u32).collect();
+    let idx = Tensor::new(idx.as_slice(), hidden_rows.device())?;
+    Ok(hidden_rows.index_select(&idx, 0)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn a_head_scores_rows_and_picks_the_last_real_token() {
+        let dev = Device::Cpu;
+        let vm = VarMap::new();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let head = ScalarHead::init(&vm, "reward_head", 4, &mut rng, &dev).unwrap();
+        let w: Vec<f32> = head.weight.flatten_all().unwrap().to_vec1().unwrap();
+        assert!(w.iter().all(|x| x.abs() <= 0.5), "U(-1/sqrt(4), 1/sqrt(4))");
+        assert_eq!(vm.all_vars().len(), 2);
+        assert!(ScalarHead::init(&vm, "reward_head", 4, &mut rng, &dev).is_err(), "no silent replacement");
+        // 2 rows of length 3 and 1, seq 3: rows 2 and 3 of the (6, 4) hidden states.
+        let h = Tensor::arange(0f32, 24.0, &dev).unwrap().reshape((6, 4)).unwrap();
+        let last = last_token_rows(&h, 3, &[3, 1]).unwrap();
+        assert_eq!(last.to_vec2::<f32>().unwrap(), vec![vec![8.0, 9.0, 10.0, 11.0], vec![12.0, 13.0, 14.0, 15.0]]);
+        let s: Vec<f32> = head.forward(&last).unwrap().to_vec1().unwrap();
+        let b: f32 = head.bias.to_vec1::<f32>().unwrap()[0];
+        let by_hand = (0..4).map(|j| w[j] * (8 + j) as f32).sum::<f32>() + b;
+        assert!((s[0] - by_hand).abs() < 1e-5);
+    }
+}

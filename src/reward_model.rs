@@ -1,0 +1,182 @@
+//! The joint reward model (reference §7.2): a causal-LM backbone with a scalar head on the final
+//! hidden state (after the final norm) of the last real token of the joint text of all agents'
+//! prompts and responses.
+//!
+//! Saved as `<dir>/backbone/` (a Hugging Face directory transformers loads as it is),
+//! `<dir>/reward_head.safetensors` (`reward_head.weight` (1, hidden), `reward_head.bias` (1,)) and
+//! `<dir>/reward_model.json` (how to build and tokenize the joint text), written into a temporary
+//! sibling and swapped into place, so a reward model directory is whole or absent.
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{Device, Tensor, Var};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::algo::bradley_terry::joint_text;
+use crate::model::batch::{PaddedBatch, Padding};
+use crate::model::heads::{last_token_rows, ScalarHead};
+use crate::model::{LoadedModel, Mode};
+
+/// The head's prefix in the backbone's `VarMap` (and in `reward_head.safetensors`).
+pub const HEAD: &str = "reward_head";
+const FORMAT: &str = "pbrl-joint-reward-model";
+
+/// `reward_model.json`: what a reader needs to score joint responses as pbrl does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RewardModelInfo {
+    pub format: String,
+    pub version: u32,
+    /// Agents in the joint text (numbered from 1 in it).
+    pub num_agents: usize,
+    /// Tokens kept of a joint text (the rest is cut from the end).
+    pub max_length: usize,
+    /// The joint text, with `{i}` the agent's number, `{prompt}` and `{response}` its texts;
+    /// the header and each agent's two parts are joined by `separator`.
+    pub joint_text: JointTextFormat,
+    /// Tokenized with the tokenizer's own special tokens (transformers' default).
+    pub add_special_tokens: bool,
+    /// The score: `reward_head` applied to the final hidden state (after the final norm) at the
+    /// last non-padding token.
+    pub pooling: String,
+    /// Where the backbone came from when the model was fitted.
+    pub backbone_source: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JointTextFormat {
+    pub header: String,
+    pub agent_prompt: String,
+    pub agent_response: String,
+    pub separator: String,
+}
+
+impl JointTextFormat {
+    fn reference() -> Self {
+        Self {
+            header: "Joint multi-agent response".into(),
+            agent_prompt: "Agent {i} prompt:\n{prompt}".into(),
+            agent_response: "Agent {i} response:\n{response}".into(),
+            separator: "\n\n".into(),
+        }
+    }
+}
+
+pub struct JointRewardModel {
+    /// The backbone; its `VarMap` also holds the head's weights (under [`HEAD`]).
+    pub backbone: LoadedModel,
+    head: ScalarHead,
+    pub num_agents: usize,
+    pub max_length: usize,
+    pub device: Device,
+}
+
+impl JointRewardModel {
+    /// A fresh reward model on `backbone` (the head drawn from `seed` with PyTorch's default
+    /// init); `max_length` defaults to the backbone's context.
+    pub fn fresh(backbone: LoadedModel, num_agents: usize, max_length: Option<usize>, seed: u64) -> Result<Self> {
+        let device = backbone.model.device().clone();
+        let hidden = backbone.model.config.hidden_size;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let head = ScalarHead::init(&backbone.varmap, HEAD, hidden, &mut rng, &device)?;
+        let max_length = max_length.unwrap_or_else(|| backbone.model.config.context_length());
+        Ok(Self { backbone, head, num_agents, max_length, device })
+    }
+
+    /// A reward model from given head weights (the golden tests use the reference's).
+    pub fn with_head(
+        backbone: LoadedModel,
+        num_agents: usize,
+        max_length: usize,
+        w: Tensor,
+        b: Tensor,
+    ) -> Result<Self> {
+        let device = backbone.model.device().clone();
+        let head = ScalarHead::insert(&backbone.varmap, HEAD, w, b)?;
+        Ok(Self { backbone, head, num_agents, max_length, device })
+    }
+
+    /// Load a reward model saved by [`JointRewardModel::save`].
+    pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+        let info_path = dir.join("reward_model.json");
+        let info: RewardModelInfo = serde_json::from_slice(
+            &std::fs::read(&info_path).with_context(|| format!("reading {}", info_path.display()))?,
+        )
+        .with_context(|| format!("{}: not a pbrl reward model description", info_path.display()))?;
+        if info.format != FORMAT || info.version != 1 || info.joint_text != JointTextFormat::reference() {
+            bail!("{}: a reward model format this pbrl does not read", info_path.display());
+        }
+        let backbone = LoadedModel::load(&dir.join("backbone").display().to_string(), device)
+            .with_context(|| format!("loading the reward model's backbone from {}", dir.display()))?;
+        let hidden = backbone.model.config.hidden_size;
+        let head = ScalarHead::load(&backbone.varmap, HEAD, hidden, &dir.join("reward_head.safetensors"), device)?;
+        Ok(Self { backbone, head, num_agents: info.num_agents, max_length: info.max_length, device: device.clone() })
+    }
+
+    /// The weights an optimizer updates: the head only (`freeze_backbone`), or everything.
+    pub fn trainable(&self, freeze_backbone: bool) -> Vec<(String, Var)> {
+        let data = self.backbone.varmap.data().lock().expect("VarMap lock");
+        let mut out: Vec<(String, Var)> = data
+            .iter()
+            .filter(|(k, _)| !freeze_backbone || k.starts_with(&format!("{HEAD}.")))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// The joint text of one joint response.
+    pub fn text(&self, prompts: &[String], completions: &[String]) -> String {
+        joint_text(self.num_agents, prompts, completions)
+    }
+
+    /// Token ids of a joint text: with the tokenizer's special tokens, cut to `max_length`.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.backbone.tokenizer.encode_with_special_tokens(text)?;
+        ids.truncate(self.max_length);
+        Ok(ids)
+    }
+
+    /// Scores (b,) of token rows (right-padded into one batch); `detach_backbone`: gradients
+    /// reach the head only.
+    pub fn score_rows(&self, rows: &[Vec<u32>], mode: Mode, detach_backbone: bool) -> Result<Tensor> {
+        let batch = PaddedBatch::new(rows, self.backbone.tokenizer.pad_id, Padding::Right, &self.device)?;
+        let seq = batch.ids.dim(1)?;
+        let hidden = self.backbone.model.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, mode)?;
+        let mut last = last_token_rows(&hidden, seq, &batch.lengths)?;
+        if detach_backbone {
+            last = last.detach();
+        }
+        self.head.forward(&last)
+    }
+
+    /// Scores of joint texts, without gradients.
+    pub fn score_texts(&self, texts: &[String]) -> Result<Vec<f64>> {
+        let rows = texts.iter().map(|t| self.encode(t)).collect::<Result<Vec<_>>>()?;
+        let s = self.score_rows(&rows, Mode::Infer, true)?.detach();
+        Ok(s.to_dtype(candle_core::DType::F64)?.to_vec1()?)
+    }
+
+    /// Save into `dir`, all or nothing (a previous reward model there is replaced in one atomic
+    /// exchange once the new one is complete).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        crate::run::atomic::install_dir(dir, |tmp| {
+            self.backbone.save_hf_dir(&tmp.join("backbone"), None)?;
+            let head: std::collections::HashMap<String, Tensor> = self.head.tensors().into_iter().collect();
+            candle_core::safetensors::save(&head, tmp.join("reward_head.safetensors"))?;
+            let info = RewardModelInfo {
+                format: FORMAT.into(),
+                version: 1,
+                num_agents: self.num_agents,
+                max_length: self.max_length,
+                joint_text: JointTextFormat::reference(),
+                add_special_tokens: true,
+                pooling: "last_non_padding_token".into(),
+                backbone_source: self.backbone.source.clone(),
+            };
+            crate::run::atomic_write(&tmp.join("reward_model.json"), &serde_json::to_vec_pretty(&info)?)
+        })
+        .with_context(|| format!("saving the reward model to {}", dir.display()))
+    }
+}

@@ -1,0 +1,215 @@
+//! `pbrl fit-rm`: fit a joint reward model to the stored preference rounds with a
+//! Bradley–Terry loss (reference §7.2–7.3).
+//!
+//! 1. select the pairs from the round files with the replay rules (as `train-madpo` does) and
+//!    hold out `reward_eval_fraction` of them (chosen by the seed) to measure the fit on pairs
+//!    it never saw;
+//! 2. a fresh reward model: the backbone from `reward_model_name` (default: the first actor's
+//!    source) on `reward_model_device`, a scalar head with PyTorch's default init drawn from the
+//!    seed; each joint text tokenized once (`reward_max_length` tokens kept);
+//! 3. open a training session on it (one AdamW, PyTorch defaults with weight decay 0.01, lr
+//!    `reward_learning_rate`, over the head and, unless `reward_freeze_backbone`, the backbone;
+//!    `--resume` restores the newest checkpoint in `<run_dir>/reward_model_training/`);
+//! 4. per batch of `reward_train_batch_size` pairs (shuffled by the seed every epoch, for
+//!    `reward_num_train_epochs` epochs): score winners and losers, loss
+//!    mean −log σ(s_w − s_l), backward, AdamW step (a non-finite loss skips the step); log the
+//!    loss, the share of pairs ordered right and the mean margin; after every epoch (and once
+//!    before the first update), the same on the held-out pairs;
+//! 5. save the reward model to `<run_dir>/reward_model/` (backbone, head, joint-text format).
+use anyhow::{bail, Context, Result};
+use candle_core::Tensor;
+use serde_json::json;
+
+use crate::algo::bradley_terry::{bradley_terry_loss, pair_stats, PairStats};
+use crate::device::parse_device;
+use crate::model::{LoadedModel, Mode};
+use crate::prefs::replay::training_pairs;
+use crate::prefs::{round_path, PreferencePair};
+use crate::reward_model::JointRewardModel;
+use crate::rng::{derive_seed, purpose};
+use crate::run::RunDir;
+use crate::task::split::choose_held_out;
+use crate::train::session::{Plan, Session, TrainingData};
+
+pub struct FitOptions {
+    pub resume: bool,
+}
+
+pub struct FitReport {
+    pub updates: u64,
+    pub num_pairs: usize,
+    /// The held-out pairs' statistics after the fit (none when nothing was held out).
+    pub held_out: Option<PairStats>,
+}
+
+/// Where `fit-rm` keeps its checkpoints, summary and plot.
+pub fn state_dir(run_dir: &RunDir) -> std::path::PathBuf {
+    run_dir.root.join("reward_model_training")
+}
+
+/// Where the fitted reward model goes.
+pub fn reward_model_dir(run_dir: &RunDir) -> std::path::PathBuf {
+    run_dir.root.join("reward_model")
+}
+
+/// A pair's two joint texts as token rows.
+struct EncodedPair {
+    winner: Vec<u32>,
+    loser: Vec<u32>,
+}
+
+/// Joint texts scored per forward pass when no gradient is needed.
+const SCORE_BATCH: usize = 8;
+
+pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> Result<FitReport> {
+    let (pairs, rounds) = training_pairs(&cfg.replay_dir(), cfg.seed, cfg.replay_mode(), cfg.replay_sample_size())?;
+    if pairs.is_empty() {
+        println!("no non-tied preference pairs in the selected rounds; no reward model was fitted");
+        return Ok(FitReport { updates: 0, num_pairs: 0, held_out: None });
+    }
+    let (train, held): (Vec<&PreferencePair>, Vec<&PreferencePair>) = if cfg.reward_eval_fraction > 0.0 {
+        if pairs.len() < 2 {
+            bail!(
+                "reward_eval_fraction = {} needs at least 2 pairs to hold some out, the selected rounds have {}; \
+                 set reward_eval_fraction = 0 to fit on all of them",
+                cfg.reward_eval_fraction,
+                pairs.len()
+            );
+        }
+        let out =
+            choose_held_out(pairs.len(), cfg.reward_eval_fraction, derive_seed(cfg.seed, &[purpose::REWARD_SPLIT]));
+        let (h, t): (Vec<_>, Vec<_>) = pairs.iter().zip(&out).partition(|(_, &o)| o);
+        (t.into_iter().map(|(p, _)| p).collect(), h.into_iter().map(|(p, _)| p).collect())
+    } else {
+        (pairs.iter().collect(), Vec::new())
+    };
+
+    let (source, device) = cfg.reward_model_source()?;
+    let device = parse_device(&device, "reward_model_device")?;
+    let backbone = LoadedModel::load(&source, &device)
+        .with_context(|| format!("loading the reward model's backbone `{source}`"))?;
+    let max_length = cfg.reward_max_length.map(|m| m as usize);
+    let rm = JointRewardModel::fresh(
+        backbone,
+        cfg.num_agents as usize,
+        max_length,
+        derive_seed(cfg.seed, &[purpose::REWARD_HEAD]),
+    )?;
+    let encode = |p: &PreferencePair| -> Result<EncodedPair> {
+        Ok(EncodedPair {
+            winner: rm.encode(&rm.text(&p.prompts, &p.winner_completions))?,
+            loser: rm.encode(&rm.text(&p.prompts, &p.loser_completions))?,
+        })
+    };
+    let train = train.into_iter().map(encode).collect::<Result<Vec<_>>>()?;
+    let held = held.into_iter().map(encode).collect::<Result<Vec<_>>>()?;
+
+    let dir = cfg.replay_dir();
+    let files: Vec<(u32, std::path::PathBuf)> = rounds.iter().map(|&r| (r, round_path(&dir, r))).collect();
+    let files: Vec<(u32, &std::path::Path)> = files.iter().map(|(r, p)| (*r, p.as_path())).collect();
+    let plan = Plan {
+        stage: "fit-rm",
+        models: vec![&rm.backbone],
+        params: vec![rm.trainable(cfg.reward_freeze_backbone)],
+        sources: vec![source.clone()],
+        learning_rate: cfg.reward_learning_rate,
+        epochs: cfg.reward_num_train_epochs as u64,
+        state_dir: state_dir(run_dir),
+        shuffle_purpose: purpose::REWARD_TRAIN,
+    };
+    let data = TrainingData { rounds: &files, num_examples: train.len() };
+    let mut session = Session::open_plan(cfg, run_dir, plan, None, data, opts.resume)?;
+    let started = std::time::Instant::now();
+    let batch_size = cfg.reward_train_batch_size as usize;
+    let batches_per_epoch = train.len().div_ceil(batch_size) as u64;
+    let mut held_out = None;
+    if !held.is_empty() && session.progress.updates == 0 {
+        held_out = Some(log_held_out(&rm, &held, run_dir, 0)?);
+    }
+
+    session.run(train.len(), batch_size, |step, chunk, metrics| {
+        let winners: Vec<Vec<u32>> = chunk.iter().map(|&i| train[i].winner.clone()).collect();
+        let losers: Vec<Vec<u32>> = chunk.iter().map(|&i| train[i].loser.clone()).collect();
+        *step.tokens += winners.iter().chain(&losers).map(Vec::len).sum::<usize>();
+        // Two forward passes, as the reference: the head's bias then gets exactly opposite
+        // gradients from the two (its true gradient, 0), not a rounding residue AdamW would
+        // amplify into a step.
+        let (w, l) =
+            (score(&rm, &winners, cfg.reward_freeze_backbone)?, score(&rm, &losers, cfg.reward_freeze_backbone)?);
+        let value = |t: &Tensor| -> Result<Vec<f64>> { Ok(t.detach().to_dtype(candle_core::DType::F64)?.to_vec1()?) };
+        let stats = pair_stats(&value(&w)?, &value(&l)?);
+        let loss = bradley_terry_loss(&w, &l)?;
+        if let Some((value, grad_norm)) = step.apply(0, loss, || drop((w, l)))? {
+            metrics["rm/loss"] = json!(value);
+            metrics["rm/grad_norm"] = json!(grad_norm);
+        }
+        metrics["rm/accuracy"] = json!(stats.accuracy);
+        metrics["rm/margin_mean"] = json!(stats.margin_mean);
+        metrics["rm/skipped_nonfinite"] = json!(step.progress.skipped_nonfinite[0]);
+        // After an epoch's last batch: the held-out pairs.
+        let update = step.progress.updates + 1;
+        if !held.is_empty() && update.is_multiple_of(batches_per_epoch) {
+            let s = held_out_stats(&rm, &held)?;
+            metrics["rm/eval_accuracy"] = json!(s.accuracy);
+            metrics["rm/eval_margin_mean"] = json!(s.margin_mean);
+            metrics["rm/eval_loss"] = json!(s.loss);
+            held_out = Some(s);
+        }
+        Ok(())
+    })?;
+    if !held.is_empty() && held_out.is_none() {
+        // A resumed run that had nothing left to train: measure what it saves.
+        held_out = Some(held_out_stats(&rm, &held)?);
+    }
+    crate::run::team::check_finite("the reward model", &rm.backbone)?;
+    let out_dir = reward_model_dir(run_dir);
+    rm.save(&out_dir)?;
+    let summary = session.finish()?;
+    print!(
+        "fitted the joint reward model ({source}) on {} pairs from rounds {rounds:?}: {} updates in {:.1} s",
+        train.len(),
+        summary.updates,
+        started.elapsed().as_secs_f64()
+    );
+    match &held_out {
+        Some(s) => println!(
+            "; held-out pairs ({}): accuracy {:.3}, mean margin {:.4}, loss {:.4}",
+            held.len(),
+            s.accuracy,
+            s.margin_mean,
+            s.loss
+        ),
+        None => println!("; no pairs held out"),
+    }
+    println!("reward model saved in {}", out_dir.display());
+    Ok(FitReport { updates: summary.updates, num_pairs: pairs.len(), held_out })
+}
+
+/// Differentiable scores of token rows; with a frozen backbone the hidden states need no graph,
+/// so only the head is differentiated (the backbone runs its inference kernels: no backward
+/// pass through it).
+fn score(rm: &JointRewardModel, rows: &[Vec<u32>], frozen: bool) -> Result<Tensor> {
+    rm.score_rows(rows, if frozen { Mode::Infer } else { Mode::Train }, frozen)
+}
+
+/// The held-out pairs' accuracy, mean margin and loss under the model as it is (no gradients).
+fn held_out_stats(rm: &JointRewardModel, held: &[EncodedPair]) -> Result<PairStats> {
+    let mut w = Vec::with_capacity(held.len());
+    let mut l = Vec::with_capacity(held.len());
+    for chunk in held.chunks(SCORE_BATCH / 2) {
+        let rows: Vec<Vec<u32>> =
+            chunk.iter().map(|p| p.winner.clone()).chain(chunk.iter().map(|p| p.loser.clone())).collect();
+        let s: Vec<f64> = rm.score_rows(&rows, Mode::Infer, true)?.to_dtype(candle_core::DType::F64)?.to_vec1()?;
+        w.extend_from_slice(&s[..chunk.len()]);
+        l.extend_from_slice(&s[chunk.len()..]);
+    }
+    Ok(pair_stats(&w, &l))
+}
+
+/// [`held_out_stats`], logged as the evaluation after `update` updates.
+fn log_held_out(rm: &JointRewardModel, held: &[EncodedPair], run_dir: &RunDir, update: u64) -> Result<PairStats> {
+    let s = held_out_stats(rm, held)?;
+    run_dir.log_metrics(&json!({"stage": "fit-rm", "update": update, "rm/eval_accuracy": s.accuracy,
+        "rm/eval_margin_mean": s.margin_mean, "rm/eval_loss": s.loss, "rm/eval_pairs": held.len()}))?;
+    Ok(s)
+}

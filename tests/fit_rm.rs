@@ -1,0 +1,132 @@
+//! `pbrl fit-rm` end to end on a tiny model: the fit orders its pairs, the saved reward model
+//! loads and scores as pbrl trained it, a frozen backbone stays unchanged, resume is exact.
+mod common;
+
+use common::{ok, pbrl};
+
+use std::path::Path;
+
+use candle_core::{DType, Device};
+use pbrl::model::{tiny::tiny_model, Architecture, LoadedModel};
+use pbrl::prefs::RoundFile;
+use pbrl::reward_model::JointRewardModel;
+
+/// A tiny backbone, 8 items, a round of pairs collected from tiny agents.
+fn setup(d: &Path, extra: &str) {
+    tiny_model(Architecture::Llama, true, 41, DType::F32).unwrap().save_hf_dir(&d.join("tiny"), None).unwrap();
+    let items: String = (0..8).map(|i| format!("{{\"prompt\": \"w{i} w{} w7\"}}\n", i + 3)).collect();
+    std::fs::write(d.join("train.jsonl"), items).unwrap();
+    let cfg = format!(
+        "agent_model = \"{}\"\nrun_dir = \"run\"\nseed = 5\nmax_new_tokens = 6\ntemperature = 1.0\ntop_p = 1.0\n\
+         preference_num_candidates = 4\npreference_pairs_per_sample = 2\neval_interval = 0\n\
+         reward_learning_rate = 2e-3\nreward_train_batch_size = 2\nreward_num_train_epochs = 6\n\
+         reward_eval_fraction = 0.25\n{extra}\n\
+         [task]\ntrain_file = \"train.jsonl\"\nformatters = [\"{{prompt}}\", \"{{prompt}} w9\"]\nchat_template = false\n",
+        d.join("tiny").display()
+    );
+    std::fs::write(d.join("c.toml"), cfg).unwrap();
+    ok(pbrl(&["collect", "--config", "c.toml"], d));
+}
+
+/// The share of the round's pairs a saved reward model orders right.
+fn accuracy(run: &Path) -> f64 {
+    let rm = JointRewardModel::load(&run.join("reward_model"), &Device::Cpu).unwrap();
+    let round = RoundFile::load(&run.join("preference_replay/iteration_0001.json")).unwrap();
+    let texts = |winner: bool| -> Vec<String> {
+        round
+            .pairs
+            .iter()
+            .map(|p| rm.text(&p.prompts, if winner { &p.winner_completions } else { &p.loser_completions }))
+            .collect()
+    };
+    let (w, l) = (rm.score_texts(&texts(true)).unwrap(), rm.score_texts(&texts(false)).unwrap());
+    w.iter().zip(&l).filter(|(w, l)| w > l).count() as f64 / w.len() as f64
+}
+
+#[test]
+fn fit_rm_orders_its_pairs_and_saves_a_loadable_reward_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "");
+    let run = d.join("run");
+    let o = ok(pbrl(&["fit-rm", "--config", "c.toml"], d));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("held-out pairs") && out.contains("reward model saved"), "{out}");
+    let l = common::metric_values(&run, "rm/loss");
+    eprintln!("Bradley–Terry losses per update: {l:?}");
+    assert!(l.len() >= 12, "6 epochs of >= 2 batches: {l:?}");
+    let (first, last) = (l[..3].iter().sum::<f64>() / 3.0, l[l.len() - 3..].iter().sum::<f64>() / 3.0);
+    assert!(last < first - 0.1, "the loss falls on its own pairs: {l:?}");
+    let eval = common::metric_values(&run, "rm/eval_accuracy");
+    assert_eq!(eval.len(), 7, "held-out pairs measured before training and after each of 6 epochs: {eval:?}");
+    for key in ["rm/accuracy", "rm/margin_mean", "rm/eval_margin_mean", "rm/grad_norm"] {
+        assert!(!common::metric_values(&run, key).is_empty(), "{key} not logged");
+    }
+    let acc = accuracy(&run);
+    assert!(acc >= 0.75, "the fitted model orders most of the round's pairs: {acc}");
+    // The backbone is a plain causal-LM directory: no head weights in it.
+    let backbone = LoadedModel::load(run.join("reward_model/backbone").to_str().unwrap(), &Device::Cpu).unwrap();
+    assert!(backbone.varmap.data().lock().unwrap().keys().all(|k| !k.starts_with("reward_head")));
+    let info: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("reward_model/reward_model.json")).unwrap()).unwrap();
+    assert_eq!(info["num_agents"], 2);
+    assert_eq!(info["joint_text"]["agent_prompt"], "Agent {i} prompt:\n{prompt}");
+    assert!(run.join("reward_model_training/training_plot.svg").is_file());
+}
+
+#[test]
+fn a_frozen_backbone_is_saved_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "reward_freeze_backbone = true");
+    ok(pbrl(&["fit-rm", "--config", "c.toml"], d));
+    let base = candle_core::safetensors::load(d.join("tiny/model.safetensors"), &Device::Cpu).unwrap();
+    let saved =
+        candle_core::safetensors::load(d.join("run/reward_model/backbone/model.safetensors"), &Device::Cpu).unwrap();
+    assert_eq!(base.len(), saved.len());
+    for (name, t) in &base {
+        assert_eq!(common::max_abs_diff(t, &saved[name]), 0.0, "{name} changed under reward_freeze_backbone");
+    }
+    let l = common::metric_values(&d.join("run"), "rm/loss");
+    assert!(l.last() < l.first(), "the head alone still learns: {l:?}");
+}
+
+#[test]
+fn a_resumed_fit_ends_bit_identical_to_an_uninterrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "checkpoint_interval = 1\ncheckpoint_total_limit = 1");
+    std::fs::create_dir_all(d.join("other/preference_replay")).unwrap();
+    let file = "preference_replay/iteration_0001.json";
+    std::fs::copy(d.join("run").join(file), d.join("other").join(file)).unwrap();
+    ok(pbrl(&["fit-rm", "--config", "c.toml", "reward_num_train_epochs=2"], d));
+    ok(pbrl(&["fit-rm", "--config", "c.toml", "--run-dir", "other", "reward_num_train_epochs=1"], d));
+    let o =
+        ok(pbrl(&["fit-rm", "--config", "c.toml", "--run-dir", "other", "--resume", "reward_num_train_epochs=2"], d));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("resuming from checkpoint-1"));
+    for f in ["backbone/model.safetensors", "reward_head.safetensors"] {
+        let a = std::fs::read(d.join("run/reward_model").join(f)).unwrap();
+        let b = std::fs::read(d.join("other/reward_model").join(f)).unwrap();
+        assert!(a == b, "{f}: the resumed fit differs from the uninterrupted one");
+    }
+    // A changed setup is refused.
+    let o = pbrl(
+        &[
+            "fit-rm",
+            "--config",
+            "c.toml",
+            "--run-dir",
+            "other",
+            "--resume",
+            "reward_learning_rate=1e-2",
+            "reward_num_train_epochs=3",
+        ],
+        d,
+    );
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("reward_learning_rate"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
