@@ -130,3 +130,36 @@ fn a_resumed_fit_ends_bit_identical_to_an_uninterrupted_one() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+#[test]
+fn a_saved_reward_model_scores_the_same_in_transformers() {
+    let Some(python) = common::ref_python() else {
+        eprintln!("skipped: PBRL_REF_PYTHON is not set (scripts/test.sh sets it when a baseline venv exists)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "");
+    ok(pbrl(&["fit-rm", "--config", "c.toml", "reward_num_train_epochs=1"], d));
+    let rm_dir = d.join("run/reward_model");
+    let rm = JointRewardModel::load(&rm_dir, &Device::Cpu).unwrap();
+    let round = RoundFile::load(&d.join("run/preference_replay/iteration_0001.json")).unwrap();
+    let texts: Vec<String> = round.pairs.iter().map(|p| rm.text(&p.prompts, &p.winner_completions)).collect();
+    let ours = rm.score_texts(&texts).unwrap();
+    let mut child = std::process::Command::new(python)
+        .arg(common::repo().join("scripts/score_reward_model.py"))
+        .arg(&rm_dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(serde_json::to_string(&texts).unwrap().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let theirs: Vec<f64> = serde_json::from_slice(&out.stdout).unwrap();
+    for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+        assert!((a - b).abs() < 1e-4, "text {i}: pbrl {a} vs transformers {b}");
+    }
+    eprintln!("{} joint texts scored alike in pbrl and transformers", texts.len());
+}

@@ -57,6 +57,11 @@ fn each_rule_reports_its_message() {
         ("eval_split = 1.0", "eval_split must be \"eval_file\" or a share of the train items in (0, 1)."),
         ("eval_split = \"train\"", "invalid value `train`"),
         ("keep_best = true\neval_interval = 0", "keep_best needs periodic evaluations"),
+        ("reward_learning_rate = 0.0", "reward_learning_rate must be > 0."),
+        ("reward_num_train_epochs = 0", "reward_num_train_epochs must be >= 1."),
+        ("reward_train_batch_size = 0", "reward_train_batch_size must be >= 1."),
+        ("reward_max_length = 0", "reward_max_length must be None or >= 1."),
+        ("reward_eval_fraction = 1.0", "reward_eval_fraction must be in [0, 1)"),
         ("temperature = -1.0", "temperature must be >= 0"),
         ("top_p = 0.0", "top_p must be in (0, 1]."),
         ("top_k = 0", "top_k must be null or >= 1."),
@@ -197,4 +202,14 @@ fn agent_sources() {
     assert_eq!(central("agent_model = \"m\"").agent_sources().unwrap(), vec!["m"]);
     assert_eq!(central("agents = [\"a\"]").agent_sources().unwrap(), vec!["a"]);
     assert!(central("agents = [\"a\", \"b\"]").agent_sources().unwrap_err().0.contains("exactly one actor"));
+}
+
+#[test]
+fn the_reward_model_defaults_to_the_first_actor() {
+    let c = load("agents = [\"a\", \"b\"]\nagent_devices = [\"cuda:1\", \"cpu\"]", &[]).unwrap();
+    assert_eq!(c.reward_model_source().unwrap(), ("a".to_string(), "cuda:1".to_string()));
+    let c = load("agent_model = \"m\"\nreward_model_name = \"r\"\nreward_model_device = \"cpu\"", &[]).unwrap();
+    assert_eq!(c.reward_model_source().unwrap(), ("r".to_string(), "cpu".to_string()));
+    assert_eq!((c.reward_learning_rate, c.reward_num_train_epochs, c.reward_train_batch_size), (1e-5, 1, 1));
+    assert_eq!((c.reward_max_length, c.reward_freeze_backbone, c.reward_eval_fraction), (None, false, 0.1));
 }
