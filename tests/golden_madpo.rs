@@ -67,11 +67,7 @@ fn check(scorer: &str, last: LastToken) {
                 continue;
             };
             let got = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("{key}: no gradient"));
-            let got = got.to_device(&Device::Cpu).unwrap();
-            let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() as f64;
-            let diff = (&got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() as f64;
-            assert!(scale > 0.0 && diff <= 1e-4 * scale, "{key}: max |Δ| {diff:.3e} vs scale {scale:.3e}");
-            worst = worst.max(diff / scale);
+            worst = worst.max(common::assert_grad_close(&key, got, want));
             checked += 1;
         }
         let expected = want_grads.keys().filter(|k| k.starts_with(&format!("{scorer}/agent_{i}/"))).count();

@@ -67,6 +67,17 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
 }
 
+/// Assert a gradient is within 1e-4 of the reference tensor's largest entry (on the CPU);
+/// returns the difference relative to that scale.
+#[allow(dead_code)]
+pub fn assert_grad_close(key: &str, got: &Tensor, want: &Tensor) -> f64 {
+    let got = got.to_device(&candle_core::Device::Cpu).unwrap();
+    let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+    let diff = max_abs_diff(&got, want) as f64;
+    assert!(scale > 0.0 && diff <= 1e-4 * scale, "{key}: max |Δ| {diff:.3e} vs scale {scale:.3e}");
+    diff / scale
+}
+
 /// Every value of `key` in a run's metrics.jsonl, in order.
 pub fn metric_values(run: &Path, key: &str) -> Vec<f64> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
