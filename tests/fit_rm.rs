@@ -109,6 +109,10 @@ fn a_resumed_fit_ends_bit_identical_to_an_uninterrupted_one() {
         let b = std::fs::read(d.join("other/reward_model").join(f)).unwrap();
         assert!(a == b, "{f}: the resumed fit differs from the uninterrupted one");
     }
+    // A reward_max_length beyond the backbone's context is refused before any work.
+    let o = pbrl(&["fit-rm", "--config", "c.toml", "--run-dir", "other", "reward_max_length=100000"], d);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("reward_max_length = 100000 is beyond the context"));
     // A changed setup is refused.
     let o = pbrl(
         &[

@@ -89,6 +89,10 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     let backbone = LoadedModel::load(&source, &device)
         .with_context(|| format!("loading the reward model's backbone `{source}`"))?;
     let max_length = cfg.reward_max_length.map(|m| m as usize);
+    let context = backbone.model.config.context_length();
+    if let Some(m) = max_length.filter(|&m| m > context) {
+        bail!("reward_max_length = {m} is beyond the context of the reward model's backbone `{source}` ({context})");
+    }
     let rm = JointRewardModel::fresh(
         backbone,
         cfg.num_agents as usize,
