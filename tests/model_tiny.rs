@@ -344,3 +344,31 @@ fn rollout_log_probs_equal_a_plain_forward() {
         }
     }
 }
+
+/// As transformers' `nn.Embedding(padding_idx = pad_token_id)`: the pad token's embedding row
+/// gets no gradient from the positions holding it (the values are unchanged), other rows do.
+#[test]
+fn the_pad_token_embedding_gets_no_gradient_from_its_positions() {
+    let grad_of_rows = |pad: Option<u32>| -> (Tensor, Vec<f32>) {
+        let mut m = tiny_model(Architecture::Llama, false, 4, DType::F64).unwrap();
+        m.model.config.pad_token_id = pad;
+        let b = PaddedBatch::new(&[vec![3, 5, 3, 7]], 0, Padding::Right, &Device::Cpu).unwrap();
+        let h = m.model.forward_rows(&b.ids, &b.positions, &b.bias, None, Mode::Train).unwrap();
+        let grads = h.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+        let data = m.varmap.data().lock().unwrap();
+        let g = grads.get(data["model.embed_tokens.weight"].as_tensor()).unwrap().clone();
+        let norms: Vec<f32> = [3usize, 5, 7]
+            .iter()
+            .map(|&r| {
+                g.i(r).unwrap().sqr().unwrap().sum_all().unwrap().to_dtype(DType::F32).unwrap().to_scalar().unwrap()
+            })
+            .collect();
+        (h, norms)
+    };
+    let (h_pad, with_pad) = grad_of_rows(Some(3));
+    let (h_none, without) = grad_of_rows(None);
+    assert_eq!(h_pad.to_vec2::<f64>().unwrap(), h_none.to_vec2::<f64>().unwrap(), "same values");
+    assert_eq!(with_pad[0], 0.0, "the pad row");
+    assert!(without[0] > 0.0 && with_pad[1] > 0.0 && with_pad[2] > 0.0);
+    assert_eq!(with_pad[1], without[1], "other rows' gradients are untouched");
+}

@@ -102,6 +102,10 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// Every end-of-sequence id of config.json (Llama 3 lists several).
     pub eos_token_ids: Vec<u32>,
+    /// transformers builds the input embedding with `padding_idx = pad_token_id`, so that row
+    /// gets no gradient from the positions that hold it (its LM-head use, when tied, still
+    /// does); pbrl trains the same way.
+    pub pad_token_id: Option<u32>,
 }
 
 /// `bos_token_id` / `eos_token_id`: one id or a list of them.
@@ -146,6 +150,7 @@ struct HfConfigFile {
     tie_word_embeddings: Option<bool>,
     bos_token_id: Option<TokenIds>,
     eos_token_id: Option<TokenIds>,
+    pad_token_id: Option<TokenIds>,
     hidden_act: Option<String>,
     attention_bias: Option<bool>,
     mlp_bias: Option<bool>,
@@ -256,6 +261,8 @@ impl ModelConfig {
             tie_word_embeddings: !ct.tensor_infos.contains_key("output.weight"),
             bos_token_id: tok_id("tokenizer.ggml.bos_token_id"),
             eos_token_ids: tok_id("tokenizer.ggml.eos_token_id").into_iter().collect(),
+            // transformers reads the GGUF's padding token into config.pad_token_id.
+            pad_token_id: tok_id("tokenizer.ggml.padding_token_id"),
         })
     }
 
@@ -343,6 +350,7 @@ impl ModelConfig {
             tie_word_embeddings: f.tie_word_embeddings.unwrap_or(false),
             bos_token_id: first(f.bos_token_id).first().copied(),
             eos_token_ids: first(f.eos_token_id),
+            pad_token_id: first(f.pad_token_id).first().copied(),
         })
         .and_then(Self::checked)
     }
@@ -404,6 +412,9 @@ impl ModelConfig {
         }
         if let Some(e) = self.eos_token_id_json() {
             v["eos_token_id"] = e;
+        }
+        if let Some(p) = self.pad_token_id {
+            v["pad_token_id"] = json!(p);
         }
         match self.architecture {
             Architecture::Llama => {

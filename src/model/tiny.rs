@@ -33,6 +33,7 @@ pub fn tiny_config(architecture: Architecture, vocab: usize, tie: bool) -> Model
         tie_word_embeddings: tie,
         bos_token_id: None,
         eos_token_ids: vec![1],
+        pad_token_id: None,
     }
 }
 

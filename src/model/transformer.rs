@@ -381,6 +381,19 @@ impl DecoderLayer {
     }
 }
 
+/// The embedding rows `x` (one per id) with those of token `pad` cut from the graph: the same
+/// values, but no gradient reaches the embedding through them (`nn.Embedding(padding_idx)`).
+fn detach_rows_of(x: &Tensor, ids: &Tensor, pad: u32) -> Result<Tensor> {
+    let ids: Vec<u32> = ids.to_vec1()?;
+    if !ids.contains(&pad) {
+        return Ok(x.clone());
+    }
+    let keep: Vec<f32> = ids.iter().map(|&i| if i == pad { 0.0 } else { 1.0 }).collect();
+    let keep = Tensor::from_vec(keep, (ids.len(), 1), x.device())?.to_dtype(x.dtype())?;
+    let dropped = (1.0 - &keep)?;
+    Ok((x.broadcast_mul(&keep)? + x.detach().broadcast_mul(&dropped)?)?)
+}
+
 /// The causal language model: embeddings, decoder layers, final norm, LM head.
 #[derive(Debug, Clone)]
 pub struct CausalLm {
@@ -454,7 +467,11 @@ impl CausalLm {
         let (b, s) = ids.dims2()?;
         let rope = self.rotary.slice(positions)?;
         let bias = &bias.to_dtype(self.embed_tokens.dtype())?;
-        let mut x = self.embed_tokens.index_select(&ids.flatten_all()?, 0)?;
+        let flat = ids.flatten_all()?;
+        let mut x = self.embed_tokens.index_select(&flat, 0)?;
+        if let (Mode::Train, Some(pad)) = (mode, self.config.pad_token_id) {
+            x = detach_rows_of(&x, &flat, pad)?;
+        }
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_deref_mut().map(|c| (&mut c.layers[i], c.capacity));
             x = layer.forward(&x, (b, s), &rope, bias, slot, mode)?;

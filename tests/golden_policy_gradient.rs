@@ -1,0 +1,70 @@
+//! One MAGRPO-family policy-gradient update against CoMLRL 1.4.3's own code
+//! (scripts/golden_policy_gradient.py): fixed rollouts (completion rows padded as generation
+//! leaves them, one cut off at max_new_tokens), magrpo's and marloo's advantages with and without
+//! the reference KL, normalized; each item's loss within 1e-5 and every gradient of the chunk's
+//! update within 1e-4 of its tensor's largest entry. On `PBRL_TEST_DEVICE` (default cpu).
+mod common;
+
+use candle_core::{DType, Device};
+use pbrl::algo::advantages::{group_advantages, AdvantageMode, AdvantageRule};
+use pbrl::algo::policy_gradient::{chunk_loss, group_loss};
+use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
+use pbrl::model::{LoadedModel, Mode};
+use serde_json::Value;
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+#[test]
+fn magrpo_and_marloo_updates_match_comlrl() {
+    common::init();
+    let dir = common::fixtures().join("golden_policy_gradient");
+    let g: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let want_grads = candle_core::safetensors::load(dir.join("grads.safetensors"), &Device::Cpu).unwrap();
+    let items = g["items"].as_array().unwrap();
+    for (name, case) in g["cases"].as_object().unwrap() {
+        let dev = common::device();
+        let m = LoadedModel::load(common::fixtures().join("golden_madpo/agent_0").to_str().unwrap(), &dev).unwrap();
+        let rule = AdvantageRule {
+            mode: AdvantageMode::parse(case["mode"].as_str().unwrap()).unwrap(),
+            normalize: true,
+            kl_coef: case["reference_kl"].as_bool().unwrap().then(|| g["kl_coef"].as_f64().unwrap()),
+        };
+        let mut losses = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let rows: Vec<ScoreRow> = item["completions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| ScoreRow { prompt: ids(&item["prompt"]), completion: ids(c) })
+                .collect();
+            let lp = sequence_log_probs(&m.model, &rows, LastToken::Exclude, m.tokenizer.pad_id, Mode::Train).unwrap();
+            let adv = group_advantages(&floats(&item["returns"]), &floats(&item["kls"]), rule);
+            let scored: Vec<bool> = rows.iter().map(|r| r.completion.len() > 1).collect();
+            let loss = group_loss(&lp, &adv, &scored).unwrap().unwrap();
+            let got = loss.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap();
+            let want = case["losses"][i].as_f64().unwrap();
+            assert!((got - want).abs() < 1e-5, "{name} item {i}: loss {got} vs CoMLRL {want}");
+            losses.push(Some(loss));
+        }
+        let grads = chunk_loss(losses).unwrap().unwrap().backward().unwrap();
+        let (mut checked, mut worst) = (0, 0f64);
+        for (param, var) in m.varmap.data().lock().unwrap().iter() {
+            let key = format!("{name}/{param}");
+            let Some(want) = want_grads.get(&key) else {
+                assert!(param == "lm_head.weight", "{key}: no reference gradient");
+                continue;
+            };
+            let got = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("{key}: no gradient"));
+            worst = worst.max(common::assert_grad_close(&key, got, want));
+            checked += 1;
+        }
+        assert_eq!(checked, want_grads.keys().filter(|k| k.starts_with(&format!("{name}/"))).count());
+        eprintln!("{name}: losses {:?}, {checked} gradients, worst {worst:.1e}", case["losses"]);
+    }
+}
