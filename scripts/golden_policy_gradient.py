@@ -8,7 +8,10 @@ builds fixed rollouts as MAGRPO's generation leaves them (per item: the prompt i
 rows padded with the pad token, which is also end-of-turn, to the group's longest; returns and
 reference KLs) and, for advantage_mode mean (magrpo) and rloo (marloo), with and without the
 reference KL, calls `MAGRPOTrainer._compute_loss_with_gradients` on each item of one chunk of
-two, scaled by 1/2 and backpropagated as `_update_from_samples` does. Writes
+two, scaled by 1/2 and backpropagated as `_update_from_samples` does. It also computes each
+row's reference KL with `comlrl.utils.reference_kl.reference_kl_for_sequence` (policy agent_0,
+reference the Qwen2 of agent_1, which shares the tokenizer; response length: up to the first
+pad, as MAGRPO's generation measures it). Writes
 tests/fixtures/golden_policy_gradient/{golden.json, grads.safetensors}.
 """
 import importlib.util
@@ -71,6 +74,18 @@ def main():
                 if p.grad is not None:
                     grads[f"{name}/{n}"] = p.grad.detach().clone().contiguous()
             print(name, losses)
+    from comlrl.utils.reference_kl import reference_kl_for_sequence
+    policy = AutoModelForCausalLM.from_pretrained(MODELS / "agent_0", dtype=torch.float32)
+    reference = AutoModelForCausalLM.from_pretrained(MODELS / "agent_1", dtype=torch.float32)
+    for item in golden["items"]:
+        item["reference_kl"], item["response_lens"] = [], []
+        for c in item["completions"]:
+            response_len = c.index(EOS) if EOS in c else len(c)
+            seq = torch.tensor([item["prompt"] + c])
+            kl = reference_kl_for_sequence(policy, reference, seq, torch.ones_like(seq), len(item["prompt"]), response_len)
+            item["reference_kl"].append(float(kl.view(-1)[0]))
+            item["response_lens"].append(response_len)
+    print("reference KLs", [i["reference_kl"] for i in golden["items"]])
     save_file(grads, str(OUT / "grads.safetensors"))
     (OUT / "golden.json").write_text(json.dumps(golden, indent=1))
     print("wrote", OUT)

@@ -8,7 +8,8 @@ mod common;
 use candle_core::{DType, Device};
 use pbrl::algo::advantages::{group_advantages, AdvantageMode, AdvantageRule};
 use pbrl::algo::policy_gradient::{chunk_loss, group_loss};
-use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
+use pbrl::algo::reference_kl::k3_sequence_kl;
+use pbrl::model::scoring::{sequence_log_probs, token_log_probs, LastToken, ScoreRow};
 use pbrl::model::{LoadedModel, Mode};
 use serde_json::Value;
 
@@ -66,5 +67,40 @@ fn magrpo_and_marloo_updates_match_comlrl() {
         }
         assert_eq!(checked, want_grads.keys().filter(|k| k.starts_with(&format!("{name}/"))).count());
         eprintln!("{name}: losses {:?}, {checked} gradients, worst {worst:.1e}", case["losses"]);
+    }
+}
+
+/// The k3 reference KL of each rollout row (policy: agent_0, reference: agent_1, which shares its
+/// tokenizer), over the response up to its first pad token, within 1e-5 of CoMLRL's.
+#[test]
+fn reference_kls_match_comlrl() {
+    common::init();
+    let g: Value = serde_json::from_str(
+        &std::fs::read_to_string(common::fixtures().join("golden_policy_gradient/golden.json")).unwrap(),
+    )
+    .unwrap();
+    let dev = common::device();
+    let load =
+        |a: &str| LoadedModel::load(common::fixtures().join("golden_madpo").join(a).to_str().unwrap(), &dev).unwrap();
+    let (policy, reference) = (load("agent_0"), load("agent_1"));
+    for item in g["items"].as_array().unwrap() {
+        let rows: Vec<ScoreRow> = item["completions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(item["response_lens"].as_array().unwrap())
+            .map(|(c, n)| ScoreRow {
+                prompt: ids(&item["prompt"]),
+                completion: ids(c)[..n.as_u64().unwrap() as usize].to_vec(),
+            })
+            .collect();
+        let per_token = |m: &LoadedModel| {
+            token_log_probs(&m.model, &rows, LastToken::Include, m.tokenizer.pad_id, Mode::Infer).unwrap().unwrap()
+        };
+        let (p, r) = (per_token(&policy), per_token(&reference));
+        for (k, want) in floats(&item["reference_kl"]).iter().enumerate() {
+            let got = k3_sequence_kl(&p.row(k).unwrap(), &r.row(k).unwrap());
+            assert!((got - want).abs() < 1e-5, "row {k}: KL {got} vs CoMLRL {want}");
+        }
     }
 }
