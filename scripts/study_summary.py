@@ -24,9 +24,17 @@ def per_prompt(report):
 
 
 def report_of(log):
+    """The eval report a log names; a study directory that was moved still finds its reports
+    (the run directory is the log's own, or `base/` for the base evaluation)."""
     for line in open(log):
         if line.startswith("report: "):
-            return line.split("report: ", 1)[1].strip()
+            path = Path(line.split("report: ", 1)[1].strip())
+            if path.exists():
+                return path
+            for run in [log.parent, log.parent / "base"]:
+                if (run / "eval" / path.name).exists():
+                    return run / "eval" / path.name
+            raise SystemExit(f"{log}: the report {path} is missing")
     raise SystemExit(f"{log}: no report line")
 
 
