@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # pbrl against a PyTorch baseline, side by side on this machine, same model and token ids.
-# Writes target/bench/report.json and prints a table of ratios. Run on an idle machine.
+# Writes target/bench/report.json (with the CPU model, its vector ISAs, the thread count and the
+# GEMM kernels pbrl uses) and prints a table of ratios. Run on an idle machine.
 #   BENCH_THREADS (default 2), BENCH_STEPS (default 3), BENCH_VENV (default .venv-bench)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,8 +49,22 @@ echo "== comlrl collect + MADPO on pbrl's round"
   --out "$OUT/comlrl.json"
 
 python3 - "$OUT" <<'PY'
-import json, sys
+import json, platform, sys
 d = sys.argv[1]
+
+
+def machine():
+    """The CPU the figures belong to: model name, the vector ISAs it offers, what pbrl's GEMM uses."""
+    info = open("/proc/cpuinfo").read() if platform.system() == "Linux" else ""
+    model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), platform.processor())
+    flags = set(next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), []))
+    isa = [f for f in ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                       "amx_tile"] if f in flags]
+    # gemm 0.19 without its x86-v4 feature (pbrl's build) dispatches to its FMA (AVX2) kernels.
+    gemm = "fma (AVX2, 256-bit)" if "fma" in flags else "scalar"
+    return {"cpu_model": model, "isa": isa, "logical_cpus": info.count("processor\t:"), "pbrl_gemm_kernels": gemm}
+
+
 r = {k: json.load(open(f"{d}/{k}.json")) for k in ["pbrl_train", "torch_train", "pbrl_sample", "torch_sample", "pbrl_collect", "pbrl_madpo", "comlrl"]}
 num_pairs = json.load(open(f"{d}/collect-run/preference_replay/iteration_0001.json"))["num_pairs"]
 report = {
@@ -65,11 +80,14 @@ report = {
                       "comlrl": r["comlrl"]["peak_rss_mib"]},
     },
     "threads": r["pbrl_train"]["threads"],
+    "machine": machine(),
 }
 json.dump(report, open(f"{d}/report.json", "w"), indent=1)
 s, t, m = report["sampling_tokens_per_s"], report["train_step_s"], report["peak_rss_mib"]
 ph = report["train_step_phases_s"]
-print(f"\n{'measure':<40}{'pbrl':>10}{'baseline':>10}{'ratio':>8}  target")
+mc = report["machine"]
+print(f"\nCPU: {mc['cpu_model']} ({', '.join(mc['isa'])}); {report['threads']} threads; pbrl GEMM: {mc['pbrl_gemm_kernels']}")
+print(f"{'measure':<40}{'pbrl':>10}{'baseline':>10}{'ratio':>8}  target")
 print(f"{'sampling tok/s (8x64 vs HF b=1)':<40}{s['pbrl']:>10.1f}{s['hf_generate']:>10.1f}{s['pbrl']/s['hf_generate']:>8.2f}  >= 2.0")
 print(f"{'train step s (B=4x128)':<40}{t['pbrl']:>10.2f}{t['pytorch']:>10.2f}{t['pbrl']/t['pytorch']:>8.2f}  <= 1.0")
 for p in ["forward_s", "backward_s", "adamw_s"]:
