@@ -1,7 +1,8 @@
-//! The loop every trainer shares. A stage opens a [`Session`] on its team and data, then hands
-//! it one closure that turns a batch of example indices into losses; the session does the rest:
+//! The loop every trainer shares. A stage opens a [`Session`] on its team (or, through a
+//! [`Plan`], on any models, as `fit-rm` does on its reward model) and data, then hands it one
+//! closure that turns a batch of example indices into losses; the session does the rest:
 //!
-//! 1. one AdamW per actor (PyTorch defaults, the given learning rate);
+//! 1. one AdamW per model (PyTorch defaults, the given learning rate) over the weights it trains;
 //! 2. the run's fingerprint (config, round files, model sources); with `--resume`, the newest
 //!    checkpoint if its fingerprint matches and its run did not finish, else a fresh start
 //!    (which never discards an unfinished run's checkpoints);
