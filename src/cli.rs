@@ -26,6 +26,9 @@ pub enum Command {
     /// Fit a joint reward model to the stored preference rounds (Bradley–Terry), saved in
     /// <run_dir>/reward_model.
     FitRm(TrainArgs),
+    /// Train the agents with RL on the fitted reward model (MAGRPO family), save them to
+    /// <run_dir>/agents.
+    TrainMarlhf(TrainArgs),
     /// Sample from the agents, score with the task reward only, write a report.
     Eval(EvalArgs),
 }
@@ -45,7 +48,8 @@ pub struct TrainArgs {
     #[command(flatten)]
     pub common: CommonArgs,
     /// Continue from the newest checkpoint (train-madpo: <run_dir>/checkpoints; fit-rm:
-    /// <run_dir>/reward_model_training/checkpoints).
+    /// <run_dir>/reward_model_training/checkpoints; train-marlhf:
+    /// <run_dir>/marlhf_training/checkpoints).
     #[arg(long)]
     pub resume: bool,
 }

@@ -85,6 +85,11 @@ fn run(cli: Cli) -> Result<()> {
             let Some((cfg, run_dir, _lock)) = load_config(&args.common, "fit-rm")? else { return Ok(()) };
             pbrl::stages::fit_rm::run(&cfg, &run_dir, &pbrl::stages::fit_rm::FitOptions { resume: args.resume })?;
         }
+        Command::TrainMarlhf(args) => {
+            let Some((cfg, run_dir, _lock)) = load_config(&args.common, "train-marlhf")? else { return Ok(()) };
+            let opts = pbrl::stages::train_marlhf::TrainOptions { resume: args.resume };
+            pbrl::stages::train_marlhf::run(&cfg, &run_dir, &opts)?;
+        }
         Command::Eval(args) => {
             let Some((cfg, run_dir, _lock)) = load_config(&args.common, "eval")? else { return Ok(()) };
             let members = match args.team.as_str() {

@@ -25,6 +25,8 @@ pub mod purpose {
     pub const REWARD_HEAD: u64 = 7;
     pub const REWARD_SPLIT: u64 = 8;
     pub const REWARD_TRAIN: u64 = 9;
+    pub const RL_ROLLOUT: u64 = 10;
+    pub const RL_BUFFER: u64 = 11;
 }
 
 #[cfg(test)]

@@ -247,7 +247,12 @@ pub struct Config {
     pub use_environment_step: bool,
     pub environment_steps_per_pair: i64,
 
-    // --- reference MARLHFConfig fields (the reward model) -----------------------------------
+    // --- reference MARLHFConfig fields --------------------------------------------------------
+    /// The policy-learning backend of `train-marlhf`; the MAGRPO family sets `advantage_mode`
+    /// (magrpo: mean, mareinforce: raw, maremax: max, marloo: rloo).
+    pub rl_algorithm: String,
+    /// Samples per agent per item in `train-marlhf`'s rollouts.
+    pub num_generations: i64,
     /// The reward model's backbone (any model source); default: the first actor's source.
     #[serde(deserialize_with = "opt")]
     pub reward_model_name: Option<String>,
@@ -325,6 +330,8 @@ impl Default for Config {
             dpo_beta: 0.1,
             use_environment_step: true,
             environment_steps_per_pair: 2,
+            rl_algorithm: "magrpo".into(),
+            num_generations: 4,
             reward_model_name: None,
             reward_model_device: None,
             reward_learning_rate: 1e-5,
@@ -440,6 +447,18 @@ impl Config {
             }
         };
         Ok((source, device))
+    }
+
+    /// The MAGRPO-family advantage mode `rl_algorithm` implies (reference
+    /// `_apply_magrpo_family_args`); `None` for the actor-critic backends.
+    pub fn marlhf_advantage_mode(&self) -> Option<&'static str> {
+        match self.rl_algorithm.as_str() {
+            "magrpo" => Some("mean"),
+            "mareinforce" => Some("raw"),
+            "maremax" => Some("max"),
+            "marloo" => Some("rloo"),
+            _ => None,
+        }
     }
 
     /// The model source of each actor.

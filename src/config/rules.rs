@@ -205,8 +205,23 @@ impl Config {
         self.validate_training_extras()
     }
 
-    /// Reference MARLHFConfig rules for the reward model (§2.2), plus pbrl's held-out share.
-    fn validate_reward_model(&self) -> Result<(), ConfigError> {
+    /// Reference MARLHFConfig rules (§2.2, its order and words), plus pbrl's held-out share.
+    fn validate_reward_model(&mut self) -> Result<(), ConfigError> {
+        let algorithm = match self.rl_algorithm.trim().to_lowercase().as_str() {
+            "mareforce" => "mareinforce".to_string(),
+            a => a.to_string(),
+        };
+        if !matches!(algorithm.as_str(), "magrpo" | "mareinforce" | "maremax" | "marloo" | "maac" | "iac") {
+            return err("rl_algorithm must be one of: magrpo, mareinforce, maremax, marloo, maac, iac.");
+        }
+        self.rl_algorithm = algorithm;
+        let magrpo_family = !matches!(self.rl_algorithm.as_str(), "maac" | "iac");
+        if magrpo_family && self.num_generations < 2 {
+            return err("num_generations must be >= 2 for MAGRPO-family MARLHF backends.");
+        }
+        if !magrpo_family && self.num_generations < 1 {
+            return err("num_generations must be >= 1.");
+        }
         if self.reward_learning_rate <= 0.0 {
             return err("reward_learning_rate must be > 0.");
         }
@@ -217,7 +232,7 @@ impl Config {
             return err("reward_train_batch_size must be >= 1.");
         }
         if self.reward_max_length.is_some_and(|m| m < 1) {
-            return err("reward_max_length must be None or >= 1.");
+            return err("reward_max_length must be >= 1 or null.");
         }
         if !(0.0..1.0).contains(&self.reward_eval_fraction) {
             return err("reward_eval_fraction must be in [0, 1) (0 holds no pairs out).");

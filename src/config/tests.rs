@@ -60,7 +60,10 @@ fn each_rule_reports_its_message() {
         ("reward_learning_rate = 0.0", "reward_learning_rate must be > 0."),
         ("reward_num_train_epochs = 0", "reward_num_train_epochs must be >= 1."),
         ("reward_train_batch_size = 0", "reward_train_batch_size must be >= 1."),
-        ("reward_max_length = 0", "reward_max_length must be None or >= 1."),
+        ("reward_max_length = 0", "reward_max_length must be >= 1 or null."),
+        ("rl_algorithm = \"ppo\"", "rl_algorithm must be one of: magrpo, mareinforce, maremax, marloo, maac, iac."),
+        ("num_generations = 1", "num_generations must be >= 2 for MAGRPO-family MARLHF backends."),
+        ("rl_algorithm = \"iac\"\nnum_generations = 0", "num_generations must be >= 1."),
         ("reward_eval_fraction = 1.0", "reward_eval_fraction must be in [0, 1)"),
         ("temperature = -1.0", "temperature must be >= 0"),
         ("top_p = 0.0", "top_p must be in (0, 1]."),
@@ -212,4 +215,6 @@ fn the_reward_model_defaults_to_the_first_actor() {
     assert_eq!(c.reward_model_source().unwrap(), ("r".to_string(), "cpu".to_string()));
     assert_eq!((c.reward_learning_rate, c.reward_num_train_epochs, c.reward_train_batch_size), (1e-5, 1, 1));
     assert_eq!((c.reward_max_length, c.reward_freeze_backbone, c.reward_eval_fraction), (None, false, 0.1));
+    assert_eq!((c.rl_algorithm.as_str(), c.num_generations), ("magrpo", 4));
+    assert_eq!(load("rl_algorithm = \" MAREFORCE \"", &[]).unwrap().rl_algorithm, "mareinforce", "the alias");
 }

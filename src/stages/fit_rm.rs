@@ -119,7 +119,8 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
         learning_rate: cfg.reward_learning_rate,
         epochs: cfg.reward_num_train_epochs as u64,
         state_dir: state_dir(run_dir),
-        shuffle_purpose: purpose::REWARD_TRAIN,
+        shuffle: Some(purpose::REWARD_TRAIN),
+        fingerprint_extra: Vec::new(),
     };
     let data = TrainingData { rounds: &files, num_examples: train.len() };
     let mut session = Session::open_plan(cfg, run_dir, plan, None, data, opts.resume)?;

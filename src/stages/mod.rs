@@ -3,3 +3,4 @@ pub mod collect;
 pub mod eval;
 pub mod fit_rm;
 pub mod train_madpo;
+pub mod train_marlhf;

@@ -113,6 +113,7 @@ pub struct Session<'a> {
     models: Vec<&'a LoadedModel>,
     epochs: u64,
     state_dir: PathBuf,
+    shuffle: bool,
     optims: Vec<AdamW>,
     pub progress: Progress,
     rng: ChaCha8Rng,
@@ -131,7 +132,10 @@ pub struct Plan<'a> {
     pub epochs: u64,
     /// Holds `checkpoints/`, `training_summary.json` and `training_plot.svg`.
     pub state_dir: PathBuf,
-    pub shuffle_purpose: u64,
+    /// Shuffle the examples every epoch with this random stream, or keep them in order (`None`).
+    pub shuffle: Option<u64>,
+    /// More inputs the result depends on, as (name, digest), for the fingerprint.
+    pub fingerprint_extra: Vec<(String, String)>,
 }
 
 impl<'a> Session<'a> {
@@ -156,7 +160,8 @@ impl<'a> Session<'a> {
             learning_rate,
             epochs: cfg.num_train_epochs as u64,
             state_dir: run_dir.root.clone(),
-            shuffle_purpose: purpose::TRAIN,
+            shuffle: Some(purpose::TRAIN),
+            fingerprint_extra: Vec::new(),
         };
         Self::open_plan(cfg, run_dir, plan, Some(team), data, resume)
     }
@@ -181,9 +186,10 @@ impl<'a> Session<'a> {
                 AdamW::new(params, adam).with_context(|| format!("model {i}: allocating the AdamW state"))
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[plan.shuffle_purpose]));
+        let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[plan.shuffle.unwrap_or(purpose::TRAIN)]));
         let rounds: Vec<u32> = data.rounds.iter().map(|(r, _)| *r).collect();
-        let fingerprint = Fingerprint::of_training(cfg, data.rounds, &plan.sources)?;
+        let mut fingerprint = Fingerprint::of_training(cfg, data.rounds, &plan.sources)?;
+        fingerprint.0.extend(plan.fingerprint_extra);
         let mut progress = Progress {
             kind: plan.stage.into(),
             epoch: 0,
@@ -234,6 +240,7 @@ impl<'a> Session<'a> {
             models: plan.models,
             epochs: plan.epochs,
             state_dir,
+            shuffle: plan.shuffle.is_some(),
             optims,
             progress,
             rng,
@@ -261,7 +268,9 @@ impl<'a> Session<'a> {
         let mut tokens = 0usize;
         for epoch in self.progress.epoch..epochs {
             let mut order: Vec<usize> = (0..num_examples).collect();
-            order.shuffle(&mut self.rng);
+            if self.shuffle {
+                order.shuffle(&mut self.rng);
+            }
             for chunk in order.chunks(batch_size) {
                 self.maybe_evaluate()?;
                 let mut metrics = json!({"stage": self.stage, "epoch": epoch + 1, "update": self.progress.updates + 1});
@@ -435,6 +444,9 @@ const PLOTTED: &[&str] = &[
     "rm/accuracy",
     "rm/eval_accuracy",
     "rm/eval_margin_mean",
+    "turn_1/reward_mean",
+    "turn_1/reference_kl_mean",
+    "marlhf/loss",
 ];
 
 /// Every weight of a model, by name (the team's optimizers update them all).

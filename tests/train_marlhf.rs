@@ -1,0 +1,100 @@
+//! `pbrl train-marlhf` end to end on a tiny model: collect → fit-rm → train-marlhf; the policy
+//! moves towards what the reward model scores higher, the reference's metrics are logged, the
+//! reference KL starts at 0, resume is exact, unimplemented backends are refused.
+mod common;
+
+use common::{ok, pbrl};
+
+use std::path::Path;
+
+use candle_core::DType;
+use pbrl::model::{tiny::tiny_model, Architecture};
+
+/// A tiny team, 6 items, a round of pairs, a reward model fitted on it.
+fn setup(d: &Path, extra: &str) {
+    tiny_model(Architecture::Llama, true, 51, DType::F32).unwrap().save_hf_dir(&d.join("tiny"), None).unwrap();
+    let items: String = (0..6).map(|i| format!("{{\"prompt\": \"w{i} w{} w7\"}}\n", i + 3)).collect();
+    std::fs::write(d.join("train.jsonl"), items).unwrap();
+    let cfg = format!(
+        "agent_model = \"{}\"\nrun_dir = \"run\"\nseed = 7\nmax_new_tokens = 5\ntemperature = 1.0\ntop_p = 1.0\n\
+         preference_num_candidates = 4\npreference_pairs_per_sample = 2\neval_interval = 0\n\
+         reward_learning_rate = 2e-3\nreward_train_batch_size = 2\nreward_num_train_epochs = 4\nreward_eval_fraction = 0\n\
+         num_generations = 3\nrollout_buffer_size = 2\nagent_learning_rate = 1e-2\n{extra}\n\
+         [task]\ntrain_file = \"train.jsonl\"\nformatters = [\"{{prompt}}\", \"{{prompt}} w9\"]\nchat_template = false\n",
+        d.join("tiny").display()
+    );
+    std::fs::write(d.join("c.toml"), cfg).unwrap();
+    ok(pbrl(&["collect", "--config", "c.toml"], d));
+    ok(pbrl(&["fit-rm", "--config", "c.toml"], d));
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    xs.iter().sum::<f64>() / xs.len() as f64
+}
+
+#[test]
+fn marlhf_raises_the_reward_models_score_and_saves_the_agents() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_train_epochs = 12");
+    let o = ok(pbrl(&["train-marlhf", "--config", "c.toml"], d));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("agents saved"), "{}", String::from_utf8_lossy(&o.stdout));
+    let run = d.join("run");
+    let r = common::metric_values(&run, "turn_1/reward_mean");
+    eprintln!("reward-model score of the rollouts per update: {r:?}");
+    assert_eq!(r.len(), 12 * 3, "12 epochs of 3 buffers");
+    let (first, last) = (mean(&r[..9]), mean(&r[r.len() - 9..]));
+    eprintln!("first three epochs {first:.4}, last three {last:.4}");
+    assert!(last > first, "the agents learn to please the reward model: {first:.4} → {last:.4}");
+    for key in ["turn_1/expected_return", "marlhf/loss/agent_0", "marlhf/loss/agent_1", "marlhf/grad_norm/agent_1"] {
+        assert!(!common::metric_values(&run, key).is_empty(), "{key} not logged");
+    }
+    for i in 0..2 {
+        let a = std::fs::read(run.join(format!("agents/agent_{i}/model.safetensors"))).unwrap();
+        assert_ne!(a, std::fs::read(d.join("tiny/model.safetensors")).unwrap(), "agent {i} changed");
+    }
+    assert!(run.join("marlhf_training/training_plot.svg").is_file());
+}
+
+#[test]
+fn the_reference_kl_starts_at_zero_and_a_resumed_run_is_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(
+        d,
+        "reference_kl_enabled = true\nreference_kl_coef = 0.5\ncheckpoint_interval = 1\nrl_algorithm = \"marloo\"",
+    );
+    // A second run directory with the same round and reward model.
+    std::fs::create_dir_all(d.join("other")).unwrap();
+    for sub in ["preference_replay", "reward_model"] {
+        let status =
+            std::process::Command::new("cp").arg("-r").arg(d.join("run").join(sub)).arg(d.join("other")).status();
+        assert!(status.unwrap().success());
+    }
+    ok(pbrl(&["train-marlhf", "--config", "c.toml", "num_train_epochs=2"], d));
+    let kl = common::metric_values(&d.join("run"), "turn_1/reference_kl_mean");
+    assert_eq!(kl[0], 0.0, "before any update the policy is its reference");
+    assert!(kl.iter().skip(1).all(|&x| x > 0.0), "{kl:?}");
+    ok(pbrl(&["train-marlhf", "--config", "c.toml", "--run-dir", "other", "num_train_epochs=1"], d));
+    let o =
+        ok(pbrl(&["train-marlhf", "--config", "c.toml", "--run-dir", "other", "--resume", "num_train_epochs=2"], d));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("resuming from checkpoint-1"));
+    for i in 0..2 {
+        let a = std::fs::read(d.join(format!("run/agents/agent_{i}/model.safetensors"))).unwrap();
+        let b = std::fs::read(d.join(format!("other/agents/agent_{i}/model.safetensors"))).unwrap();
+        assert!(a == b, "agent {i}: the resumed run differs from the uninterrupted one");
+    }
+}
+
+#[test]
+fn train_marlhf_refuses_what_it_cannot_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "");
+    let o = pbrl(&["train-marlhf", "--config", "c.toml", "rl_algorithm=maac"], d);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("actor-critic backends are not implemented yet"));
+    let o = pbrl(&["train-marlhf", "--config", "c.toml", "--run-dir", "empty"], d);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("run `pbrl fit-rm` first"));
+}
