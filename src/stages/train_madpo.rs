@@ -23,17 +23,16 @@ use serde_json::json;
 
 use crate::algo::madpo::{accuracy, joint_margins, other_margins};
 use crate::algo::madpo_batch::{agent_objective, agent_rows, batch_scores, margin_values, margins, scorer, SeqLogProb};
-use crate::config::{Config, DeviceSpec};
-use crate::device::parse_device;
+use crate::config::Config;
 use crate::model::scoring::{LastToken, ScoreRow};
-use crate::model::{LoadedModel, Mode};
+use crate::model::Mode;
 use crate::prefs::replay::training_pairs;
 use crate::prefs::{round_path, PreferencePair};
 use crate::run::checkpoint::EvalPoint;
 use crate::run::fingerprint::Fingerprint;
 use crate::run::RunDir;
 use crate::team::collab::Collaboration;
-use crate::team::{load_team, Agent};
+use crate::team::{load_reference_team, load_team, Agent};
 use crate::train::session::{Session, TrainingData};
 
 pub struct TrainOptions {
@@ -245,7 +244,7 @@ fn reference_log_probs(
     let (scorers, policy): (Vec<&Agent>, String) = match &cfg.reference_model_name {
         None => (team.iter().collect(), "the agents as training started".into()),
         Some(source) => {
-            own = load_reference_team(cfg, team, source)?;
+            own = load_reference_team(cfg, team, &vec![source.clone(); team.len()], "reference_model_name")?;
             (own.iter().collect(), source.clone())
         }
     };
@@ -282,18 +281,4 @@ fn reference_log_probs(
     run_dir.log_metrics(&json!({"stage": "train-madpo", "event": "reference", "reference/seconds": seconds,
         "reference/num_pairs": pairs.len()}))?;
     Ok(file.log_probs)
-}
-
-/// `reference_model_name` loaded once per actor on `reference_devices`, with the actors' prompts.
-fn load_reference_team(cfg: &Config, team: &[Agent], source: &str) -> Result<Vec<Agent>> {
-    let devices = DeviceSpec::resolve(cfg.reference_devices.as_ref(), team.len(), "reference_devices")?;
-    team.iter()
-        .zip(devices)
-        .map(|(a, d)| {
-            let device = parse_device(&d, "reference")?;
-            let model = LoadedModel::load(source, &device)
-                .with_context(|| format!("loading reference_model_name `{source}` for agent {}", a.index))?;
-            Ok(a.with_model(model, device))
-        })
-        .collect()
 }

@@ -21,7 +21,7 @@
 //!    saved whole to `<run_dir>/agents/`.
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -30,7 +30,7 @@ use serde_json::json;
 use crate::algo::advantages::{group_advantages, AdvantageMode, AdvantageRule};
 use crate::algo::policy_gradient::{chunk_loss, group_loss};
 use crate::algo::reference_kl::k3_sequence_kl;
-use crate::config::{Config, DeviceSpec};
+use crate::config::Config;
 use crate::device::parse_device;
 use crate::model::scoring::{sequence_log_probs, token_log_probs, LastToken, ScoreRow};
 use crate::model::{LoadedModel, Mode};
@@ -42,7 +42,7 @@ use crate::stages::fit_rm::reward_model_dir;
 use crate::task::split::train_items;
 use crate::task::TaskItem;
 use crate::team::rollout::{rollout, Rollout};
-use crate::team::{check_fits, load_team, Agent};
+use crate::team::{check_fits, load_reference_team, load_team, Agent};
 use crate::train::session::{all_weights, Plan, Session, TrainingData};
 
 pub struct TrainOptions {
@@ -285,19 +285,8 @@ fn reference_kls(agent: &Agent, reference: &Agent, out: &Rollout) -> Result<Vec<
 }
 
 /// The frozen reference of each agent: its configured model (`agent_model` / `agents`), as
-/// the reference's MARLHF starts from it, on `reference_devices`. Not the team in `agents/`:
-/// a resumed or extended run has overwritten that with its own agents.
+/// the reference's MARLHF starts from it. Not the team in `agents/`: a resumed or extended run
+/// has overwritten that with its own agents.
 fn reference_team(cfg: &Config, team: &[Agent]) -> Result<Vec<Agent>> {
-    let devices = DeviceSpec::resolve(cfg.reference_devices.as_ref(), team.len(), "reference_devices")?;
-    let sources = cfg.agent_sources()?;
-    team.iter()
-        .zip(devices)
-        .zip(sources)
-        .map(|((a, d), source)| {
-            let device = parse_device(&d, "reference")?;
-            let model = LoadedModel::load(&source, &device)
-                .with_context(|| format!("loading agent {}'s reference model `{source}`", a.index))?;
-            Ok(a.with_model(model, device))
-        })
-        .collect()
+    load_reference_team(cfg, team, &cfg.agent_sources()?, "reference model")
 }

@@ -135,6 +135,22 @@ pub enum Members {
 
 /// Load the run's current team: its trained agents (`<run_dir>/agents/agent_i`, saved whole by
 /// `run::team::save_team`) when it has them, else the configured base models.
+/// A reference policy per actor: `sources[i]` loaded on `reference_devices[i]`, with actor i's
+/// prompts (`what` names the sources in errors).
+pub fn load_reference_team(cfg: &Config, team: &[Agent], sources: &[String], what: &str) -> Result<Vec<Agent>> {
+    let devices = DeviceSpec::resolve(cfg.reference_devices.as_ref(), team.len(), "reference_devices")?;
+    team.iter()
+        .zip(devices)
+        .zip(sources)
+        .map(|((a, d), source)| {
+            let device = parse_device(&d, "reference")?;
+            let model = LoadedModel::load(source, &device)
+                .with_context(|| format!("loading {what} `{source}` for agent {}", a.index))?;
+            Ok(a.with_model(model, device))
+        })
+        .collect()
+}
+
 pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
     load_members(cfg, run_dir, &Members::Current)
 }
