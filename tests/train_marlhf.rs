@@ -93,7 +93,9 @@ fn train_marlhf_refuses_what_it_cannot_do() {
     setup(d, "");
     let o = pbrl(&["train-marlhf", "--config", "c.toml", "rl_algorithm=maac"], d);
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("actor-critic backends are not implemented yet"));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("the actor-critic backends maac and iac need value-head critics")
+    );
     let o = pbrl(&["train-marlhf", "--config", "c.toml", "--run-dir", "empty"], d);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("run `pbrl fit-rm` first"));

@@ -64,13 +64,17 @@ const SCORE_BATCH: usize = 8;
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainReport> {
     let Some(mode) = cfg.marlhf_advantage_mode() else {
         bail!(
-            "rl_algorithm = \"{}\": pbrl's train-marlhf implements the MAGRPO family (magrpo, mareinforce, \
-             maremax, marloo) so far; the actor-critic backends are not implemented yet",
+            "rl_algorithm = \"{}\": train-marlhf runs the MAGRPO-family backends (magrpo, mareinforce, maremax, \
+             marloo); the actor-critic backends maac and iac need value-head critics, which this pbrl does not \
+             provide; choose a MAGRPO-family rl_algorithm",
             cfg.rl_algorithm
         );
     };
     if cfg.collaboration_mode == "centralized" {
-        bail!("train-marlhf with collaboration_mode = \"centralized\" is not implemented yet");
+        bail!(
+            "collaboration_mode = \"centralized\": train-marlhf trains decentralized agents only; set \
+             collaboration_mode = \"decentralized\" (fit-rm and train-madpo accept centralized rounds)"
+        );
     }
     let rule = AdvantageRule {
         mode: AdvantageMode::parse(mode)?,
