@@ -15,8 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::algo::bradley_terry::joint_text;
-use crate::model::batch::{PaddedBatch, Padding};
-use crate::model::heads::{last_token_rows, ScalarHead};
+use crate::model::heads::{last_token_hidden, ScalarHead};
 use crate::model::{LoadedModel, Mode};
 
 /// The head's prefix in the backbone's `VarMap` (and in `reward_head.safetensors`).
@@ -141,10 +140,7 @@ impl JointRewardModel {
     /// Scores (b,) of token rows (right-padded into one batch); `detach_backbone`: gradients
     /// reach the head only.
     pub fn score_rows(&self, rows: &[Vec<u32>], mode: Mode, detach_backbone: bool) -> Result<Tensor> {
-        let batch = PaddedBatch::new(rows, self.backbone.tokenizer.pad_id, Padding::Right, &self.device)?;
-        let seq = batch.ids.dim(1)?;
-        let hidden = self.backbone.model.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, mode)?;
-        let mut last = last_token_rows(&hidden, seq, &batch.lengths)?;
+        let mut last = last_token_hidden(&self.backbone, rows, mode)?;
         if detach_backbone {
             last = last.detach();
         }

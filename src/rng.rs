@@ -27,6 +27,7 @@ pub mod purpose {
     pub const REWARD_TRAIN: u64 = 9;
     pub const RL_ROLLOUT: u64 = 10;
     pub const RL_BUFFER: u64 = 11;
+    pub const VALUE_HEAD: u64 = 12;
 }
 
 #[cfg(test)]

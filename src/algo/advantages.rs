@@ -65,10 +65,19 @@ pub fn group_advantages(returns: &[f64], kls: &[f64], rule: AdvantageRule) -> Ve
             shaped.iter().map(|r| (r * g as f64 - sum) / (g as f64 - 1.0)).collect()
         }
     };
-    if !rule.normalize || g <= 1 {
+    if !rule.normalize {
         return adv;
     }
-    let am = mean(&adv);
+    normalized(&adv)
+}
+
+/// (A − mean A) / max(std_pop A, 1e-6), or A itself when there is at most one.
+pub fn normalized(adv: &[f64]) -> Vec<f64> {
+    let g = adv.len();
+    if g <= 1 {
+        return adv.to_vec();
+    }
+    let am = adv.iter().sum::<f64>() / g as f64;
     let std = (adv.iter().map(|a| (a - am).powi(2)).sum::<f64>() / g as f64).sqrt().max(STD_FLOOR);
     adv.iter().map(|a| (a - am) / std).collect()
 }

@@ -1,7 +1,8 @@
 //! The math of training, as small pure functions (`madpo.rs`, `bradley_terry.rs`,
-//! `advantages.rs`, `policy_gradient.rs`,
+//! `advantages.rs`, `policy_gradient.rs`, `actor_critic.rs`,
 //! `reference_kl.rs`), and the glue that feeds them from preference pairs and models
 //! (`madpo_batch.rs`): no files, no CLI.
+pub mod actor_critic;
 pub mod advantages;
 pub mod bradley_terry;
 pub mod madpo;

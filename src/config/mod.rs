@@ -266,6 +266,29 @@ pub struct Config {
     #[serde(deserialize_with = "opt")]
     pub reward_max_length: Option<i64>,
     pub reward_freeze_backbone: bool,
+    /// The critics' backbone of `maac` / `iac` (any model source); default: each agent's own
+    /// source (`maac`: the first agent's).
+    #[serde(deserialize_with = "opt")]
+    pub critic_model_name: Option<String>,
+    /// Default: `agent_learning_rate`.
+    #[serde(deserialize_with = "opt")]
+    pub critic_learning_rate: Option<f64>,
+    /// Default: the actors' devices (`maac`'s one critic: the first actor's).
+    pub critic_devices: Option<DeviceSpec>,
+    /// `iac`: a critic model per agent (true) or a value head on each actor (false).
+    pub use_separate_critic: bool,
+    /// "v": the value of the prompt; "q": of the prompt and the response.
+    pub critic_type: String,
+    pub value_loss_coef: f64,
+    /// `iac` with a shared head only (the reference uses it nowhere else).
+    #[serde(deserialize_with = "opt")]
+    pub value_clip_range: Option<f64>,
+    /// Hidden width of the separate critics' value heads (a Linear + Tanh before the output).
+    #[serde(deserialize_with = "opt")]
+    pub critic_value_head_hidden_dim: Option<i64>,
+    /// Hidden width of `iac`'s shared value head.
+    #[serde(deserialize_with = "opt")]
+    pub value_head_hidden_dim: Option<i64>,
 
     pub task: TaskConfig,
     pub reward: RewardConfig,
@@ -339,6 +362,15 @@ impl Default for Config {
             reward_train_batch_size: 1,
             reward_max_length: None,
             reward_freeze_backbone: false,
+            critic_model_name: None,
+            critic_learning_rate: None,
+            critic_devices: None,
+            use_separate_critic: true,
+            critic_type: "v".into(),
+            value_loss_coef: 0.6,
+            value_clip_range: Some(0.2),
+            critic_value_head_hidden_dim: None,
+            value_head_hidden_dim: None,
             task: TaskConfig::default(),
             reward: RewardConfig::default(),
         }

@@ -237,6 +237,35 @@ impl Config {
         if !(0.0..1.0).contains(&self.reward_eval_fraction) {
             return err("reward_eval_fraction must be in [0, 1) (0 holds no pairs out).");
         }
+        self.validate_critics()
+    }
+
+    /// The actor-critic keys (reference MARLHFConfig, §2.2).
+    fn validate_critics(&mut self) -> Result<(), ConfigError> {
+        if self.critic_learning_rate.is_some_and(|lr| !(lr > 0.0 && lr.is_finite())) {
+            return err("critic_learning_rate must be > 0 or null.");
+        }
+        self.critic_type = self.critic_type.trim().to_lowercase();
+        if !matches!(self.critic_type.as_str(), "v" | "q") {
+            return err("critic_type must be one of: v, q.");
+        }
+        if !(self.value_loss_coef > 0.0 && self.value_loss_coef.is_finite()) {
+            return err("value_loss_coef must be > 0.");
+        }
+        if self.value_clip_range.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
+            return err("value_clip_range must be > 0 or null.");
+        }
+        for (key, dim) in [
+            ("critic_value_head_hidden_dim", self.critic_value_head_hidden_dim),
+            ("value_head_hidden_dim", self.value_head_hidden_dim),
+        ] {
+            if dim.is_some_and(|d| d < 1) {
+                return err(format!("{key} must be >= 1 or null (null: no hidden layer)."));
+            }
+        }
+        if self.critic_devices.is_some() {
+            DeviceSpec::resolve(self.critic_devices.as_ref(), self.num_actors(), "critic_devices")?;
+        }
         Ok(())
     }
 

@@ -65,6 +65,12 @@ fn each_rule_reports_its_message() {
         ("num_generations = 1", "num_generations must be >= 2 for MAGRPO-family MARLHF backends."),
         ("rl_algorithm = \"iac\"\nnum_generations = 0", "num_generations must be >= 1."),
         ("reward_eval_fraction = 1.0", "reward_eval_fraction must be in [0, 1)"),
+        ("critic_learning_rate = 0.0", "critic_learning_rate must be > 0 or null."),
+        ("critic_type = \"a\"", "critic_type must be one of: v, q."),
+        ("value_loss_coef = 0.0", "value_loss_coef must be > 0."),
+        ("value_clip_range = -0.1", "value_clip_range must be > 0 or null."),
+        ("value_head_hidden_dim = 0", "value_head_hidden_dim must be >= 1 or null"),
+        ("critic_devices = [\"cpu\"]", "critic_devices has 1 entries but there are 2 actors"),
         ("temperature = -1.0", "temperature must be >= 0"),
         ("top_p = 0.0", "top_p must be in (0, 1]."),
         ("top_k = 0", "top_k must be null or >= 1."),
@@ -217,4 +223,7 @@ fn the_reward_model_defaults_to_the_first_actor() {
     assert_eq!((c.reward_max_length, c.reward_freeze_backbone, c.reward_eval_fraction), (None, false, 0.1));
     assert_eq!((c.rl_algorithm.as_str(), c.num_generations), ("magrpo", 4));
     assert_eq!(load("rl_algorithm = \" MAREFORCE \"", &[]).unwrap().rl_algorithm, "mareinforce", "the alias");
+    assert_eq!((c.use_separate_critic, c.critic_type.as_str(), c.value_loss_coef), (true, "v", 0.6));
+    assert_eq!((c.value_clip_range, c.critic_learning_rate, c.critic_model_name.as_deref()), (Some(0.2), None, None));
+    assert_eq!(load("critic_type = \" Q \"", &[]).unwrap().critic_type, "q");
 }

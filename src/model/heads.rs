@@ -7,6 +7,9 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use rand::Rng;
 
+use super::batch::{PaddedBatch, Padding};
+use super::{LoadedModel, Mode};
+
 /// `score = h · w + b`: PyTorch's `nn.Linear(hidden, 1)` on one hidden state per row.
 #[derive(Debug, Clone)]
 pub struct ScalarHead {
@@ -36,18 +39,9 @@ impl ScalarHead {
 
     /// A head from given weights ((1, hidden) and (1,)), inserted into `varmap` as `Var`s.
     pub fn insert(varmap: &VarMap, prefix: &str, weight: Tensor, bias: Tensor) -> Result<Self> {
-        let mut data = varmap.data().lock().expect("VarMap lock");
-        for name in [Self::weight_name(prefix), Self::bias_name(prefix)] {
-            if data.contains_key(&name) {
-                bail!("the model already has a weight `{name}`");
-            }
-        }
-        let weight = Var::from_tensor(&weight.to_dtype(DType::F32)?)?;
-        let bias = Var::from_tensor(&bias.to_dtype(DType::F32)?)?;
-        let head = Self { weight: weight.as_tensor().clone(), bias: bias.as_tensor().clone(), prefix: prefix.into() };
-        data.insert(Self::weight_name(prefix), weight);
-        data.insert(Self::bias_name(prefix), bias);
-        Ok(head)
+        let [weight, bias] =
+            insert_vars(varmap, [(Self::weight_name(prefix), weight), (Self::bias_name(prefix), bias)])?;
+        Ok(Self { weight, bias, prefix: prefix.into() })
     }
 
     /// The head's weights as stored (for saving): name → tensor.
@@ -74,6 +68,109 @@ impl ScalarHead {
         let b = self.bias.to_dtype(hidden.dtype())?;
         Ok(hidden.matmul(&w.t()?)?.broadcast_add(&b)?.squeeze(1)?)
     }
+}
+
+/// Insert tensors into `varmap` as f32 `Var`s under new names (an existing name is an error,
+/// never silently replaced); returns the tensors the `Var`s hold.
+fn insert_vars<const N: usize>(varmap: &VarMap, named: [(String, Tensor); N]) -> Result<[Tensor; N]> {
+    let mut data = varmap.data().lock().expect("VarMap lock");
+    if let Some((name, _)) = named.iter().find(|(n, _)| data.contains_key(n)) {
+        bail!("the model already has a weight `{name}`");
+    }
+    let mut out = Vec::with_capacity(N);
+    for (name, t) in named {
+        let var = Var::from_tensor(&t.to_dtype(DType::F32)?)?;
+        out.push(var.as_tensor().clone());
+        data.insert(name, var);
+    }
+    Ok(out.try_into().expect("N tensors"))
+}
+
+/// A critic's value head (CoMLRL's `ValueHead`): `[Linear(hidden, d) → Tanh]? → Linear(·, 1)` on
+/// each position's final hidden state, every weight drawn from N(0, 0.02) and every bias 0.
+/// Named as PyTorch names it: `{prefix}.pre_projection.0.*`, `{prefix}.value_projection.*`.
+#[derive(Debug, Clone)]
+pub struct ValueHead {
+    pre_projection: Option<(Tensor, Tensor)>, // (d, hidden), (d,)
+    value_projection: (Tensor, Tensor),       // (1, d or hidden), (1,)
+    pub prefix: String,
+}
+
+impl ValueHead {
+    /// A fresh head in `varmap` (`hidden_dim`: the optional hidden layer's width).
+    pub fn init(
+        varmap: &VarMap,
+        prefix: &str,
+        hidden: usize,
+        hidden_dim: Option<usize>,
+        rng: &mut impl Rng,
+        dev: &Device,
+    ) -> Result<Self> {
+        let mut normal = |rows: usize, cols: usize| -> Result<Tensor> {
+            Ok(Tensor::from_vec((0..rows * cols).map(|_| 0.02 * standard_normal(rng)).collect::<Vec<f32>>(), (rows, cols), dev)?)
+        };
+        let pre = match hidden_dim {
+            Some(d) => Some((normal(d, hidden)?, Tensor::zeros(d, DType::F32, dev)?)),
+            None => None,
+        };
+        let out = (normal(1, hidden_dim.unwrap_or(hidden))?, Tensor::zeros(1, DType::F32, dev)?);
+        Self::insert(varmap, prefix, pre, out)
+    }
+
+    /// A head from given weights (the golden tests use the reference's).
+    pub fn insert(
+        varmap: &VarMap,
+        prefix: &str,
+        pre_projection: Option<(Tensor, Tensor)>,
+        value_projection: (Tensor, Tensor),
+    ) -> Result<Self> {
+        let pre_projection = match pre_projection {
+            Some((w, b)) => {
+                let names = (format!("{prefix}.pre_projection.0.weight"), format!("{prefix}.pre_projection.0.bias"));
+                let [w, b] = insert_vars(varmap, [(names.0, w), (names.1, b)])?;
+                Some((w, b))
+            }
+            None => None,
+        };
+        let (w, b) = value_projection;
+        let names = (format!("{prefix}.value_projection.weight"), format!("{prefix}.value_projection.bias"));
+        let [w, b] = insert_vars(varmap, [(names.0, w), (names.1, b)])?;
+        Ok(Self { pre_projection, value_projection: (w, b), prefix: prefix.into() })
+    }
+
+    /// Values (b,) of hidden states (b, hidden).
+    pub fn forward(&self, hidden: &Tensor) -> Result<Tensor> {
+        let linear = |x: &Tensor, (w, b): &(Tensor, Tensor)| -> Result<Tensor> {
+            Ok(x.matmul(&w.to_dtype(x.dtype())?.t()?)?.broadcast_add(&b.to_dtype(x.dtype())?)?)
+        };
+        let mut x = hidden.clone();
+        if let Some(pre) = &self.pre_projection {
+            x = linear(&x, pre)?.tanh()?;
+        }
+        Ok(linear(&x, &self.value_projection)?.squeeze(1)?)
+    }
+
+    /// The value at each token row's last token (rows right-padded into one batch).
+    pub fn values(&self, model: &LoadedModel, rows: &[Vec<u32>], mode: Mode) -> Result<Tensor> {
+        self.forward(&last_token_hidden(model, rows, mode)?)
+    }
+}
+
+/// One draw of N(0, 1) (Box–Muller).
+fn standard_normal(rng: &mut impl Rng) -> f32 {
+    let u1: f64 = 1.0 - rng.random::<f64>(); // in (0, 1]
+    let u2: f64 = rng.random::<f64>();
+    ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+}
+
+/// The final hidden state (after the final norm) at each token row's last token, (b, hidden):
+/// the rows right-padded into one batch and run through the backbone once.
+pub fn last_token_hidden(model: &LoadedModel, rows: &[Vec<u32>], mode: Mode) -> Result<Tensor> {
+    let device = model.model.device().clone();
+    let batch = PaddedBatch::new(rows, model.tokenizer.pad_id, Padding::Right, &device)?;
+    let seq = batch.ids.dim(1)?;
+    let hidden = model.model.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, mode)?;
+    last_token_rows(&hidden, seq, &batch.lengths)
 }
 
 /// Each right-padded row's last real token from hidden states as (b·seq, hidden) rows: the

@@ -116,7 +116,7 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
         models: vec![&rm.backbone],
         params: vec![rm.trainable(cfg.reward_freeze_backbone)],
         sources: vec![source.clone()],
-        learning_rate: cfg.reward_learning_rate,
+        learning_rates: vec![cfg.reward_learning_rate],
         epochs: cfg.reward_num_train_epochs as u64,
         state_dir: state_dir(run_dir),
         shuffle: Some(purpose::REWARD_TRAIN),

@@ -3,4 +3,5 @@ pub mod collect;
 pub mod eval;
 pub mod fit_rm;
 pub mod train_madpo;
+pub mod marlhf_actor_critic;
 pub mod train_marlhf;

@@ -25,7 +25,7 @@ use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::algo::advantages::{group_advantages, AdvantageMode, AdvantageRule};
 use crate::algo::policy_gradient::{chunk_loss, group_loss};
@@ -43,7 +43,7 @@ use crate::task::split::train_items;
 use crate::task::TaskItem;
 use crate::team::rollout::{rollout, Rollout};
 use crate::team::{check_fits, load_reference_team, load_team, Agent};
-use crate::train::session::{all_weights, Plan, Session, TrainingData};
+use crate::train::session::{all_weights, Plan, Session, TrainingData, TrainingSummary};
 
 pub struct TrainOptions {
     pub resume: bool,
@@ -61,104 +61,176 @@ pub fn state_dir(run_dir: &RunDir) -> PathBuf {
 /// Joint texts per reward-model forward pass.
 const SCORE_BATCH: usize = 8;
 
+/// What every backend trains on: the reward model, the train items (with their indices in
+/// the file, which seed the rollouts), the team and its frozen references.
+pub(super) struct Setup {
+    pub rm: JointRewardModel,
+    /// The reward model's digest, for the fingerprint.
+    pub rm_digest: String,
+    pub indices: Vec<usize>,
+    pub items: Vec<TaskItem>,
+    pub team: Vec<Agent>,
+    pub reference: Option<Vec<Agent>>,
+}
+
+impl Setup {
+    /// Load everything; `items_per_buffer` items are sampled at once (`num_generations` each).
+    fn load(cfg: &Config, run_dir: &RunDir, items_per_buffer: usize, buffer_keys: &str) -> Result<Self> {
+        let rm_dir = reward_model_dir(run_dir);
+        if !rm_dir.join("reward_model.json").is_file() {
+            bail!("{} holds no reward model; run `pbrl fit-rm` first", rm_dir.display());
+        }
+        let (_, rm_device) = cfg.reward_model_source()?;
+        let rm = JointRewardModel::load(&rm_dir, &parse_device(&rm_device, "reward_model_device")?)?;
+        if rm.num_agents != cfg.num_agents as usize {
+            bail!("{} scores teams of {} agents, this config has {}", rm_dir.display(), rm.num_agents, cfg.num_agents);
+        }
+        let (indices, items): (Vec<usize>, Vec<TaskItem>) = train_items(cfg)?.into_iter().unzip();
+        if items.is_empty() {
+            bail!("no train items to learn from");
+        }
+        let team = load_team(cfg, run_dir)?;
+        let rows = items_per_buffer * cfg.num_generations as usize;
+        check_fits(&team, &items, cfg.max_new_tokens as usize, (rows, buffer_keys), "train")?;
+        let reference = if cfg.reference_kl_enabled { Some(reference_team(cfg, &team)?) } else { None };
+        let head = rm_dir.join("reward_head.safetensors");
+        let rm_digest =
+            format!("{}+{}", file_digest(&head)?, source_digest(&rm_dir.join("backbone").display().to_string())?);
+        Ok(Self { rm, rm_digest, indices, items, team, reference })
+    }
+
+    /// Every agent's `k` samples for the items `chunk` (indices into `items`), each request
+    /// seeded by epoch, item, agent and sample; `tokens` counts the generated tokens.
+    pub fn rollout(&self, cfg: &Config, epoch: u64, chunk: &[usize], tokens: &mut usize) -> Result<Rollout> {
+        let batch: Vec<TaskItem> = chunk.iter().map(|&i| self.items[i].clone()).collect();
+        let seed = |j: usize, a: usize, s: usize| {
+            derive_seed(cfg.seed, &[purpose::RL_ROLLOUT, epoch, self.indices[chunk[j]] as u64, a as u64, s as u64])
+        };
+        rollout(&self.team, &batch, cfg.num_generations as usize, &cfg.sampling(), seed, |n| *tokens += n)
+    }
+
+    /// `kls[a][j][s]`: agent a's reference KL on its completion in joint response s of item j
+    /// (zeros without the reference KL).
+    pub fn reference_kls(&self, out: &Rollout) -> Result<Vec<Vec<Vec<f64>>>> {
+        match &self.reference {
+            Some(refs) => self.team.iter().zip(refs).map(|(a, r)| reference_kls(a, r, out)).collect(),
+            None => {
+                let k = out.responses.first().map_or(0, Vec::len);
+                Ok(vec![vec![vec![0.0; k]; out.responses.len()]; self.team.len()])
+            }
+        }
+    }
+}
+
+/// The reference's metrics of a buffer's rollouts: reward-model scores and reference KLs.
+/// `expected_return` is the mean return the advantages start from: the raw scores for the
+/// MAGRPO family (whose KL enters its advantages), the KL-shaped ones for the actor-critic
+/// backends (`shaped`).
+pub(super) fn rollout_metrics(
+    cfg: &Config,
+    returns: &[Vec<f64>],
+    kls: &[Vec<Vec<f64>>],
+    shaped: bool,
+    metrics: &mut Value,
+) {
+    let all: Vec<f64> = returns.iter().flatten().copied().collect();
+    metrics["turn_1/reward_mean"] = json!(mean(&all));
+    let shaped_returns = kls.iter().flat_map(|agent| {
+        agent.iter().zip(returns).flat_map(|(k, r)| k.iter().zip(r).map(|(kl, r)| r - cfg.reference_kl_coef * kl))
+    });
+    metrics["turn_1/expected_return"] =
+        json!(if shaped && cfg.reference_kl_enabled { mean(&shaped_returns.collect::<Vec<_>>()) } else { mean(&all) });
+    if cfg.reference_kl_enabled {
+        let kl_all: Vec<f64> = kls.iter().flatten().flatten().copied().collect();
+        metrics["turn_1/reference_kl_mean"] = json!(mean(&kl_all));
+        metrics["turn_1/reference_kl_penalty_mean"] = json!(cfg.reference_kl_coef * mean(&kl_all));
+    }
+}
+
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainReport> {
-    let Some(mode) = cfg.marlhf_advantage_mode() else {
-        bail!(
-            "rl_algorithm = \"{}\": train-marlhf runs the MAGRPO-family backends (magrpo, mareinforce, maremax, \
-             marloo); the actor-critic backends maac and iac need value-head critics, which this pbrl does not \
-             provide; choose a MAGRPO-family rl_algorithm",
-            cfg.rl_algorithm
-        );
-    };
     if cfg.collaboration_mode == "centralized" {
         bail!(
             "collaboration_mode = \"centralized\": train-marlhf trains decentralized agents only; set \
              collaboration_mode = \"decentralized\" (fit-rm and train-madpo accept centralized rounds)"
         );
     }
+    let started = std::time::Instant::now();
+    let (summary, n) = match cfg.marlhf_advantage_mode() {
+        Some(mode) => {
+            let setup = Setup::load(cfg, run_dir, cfg.rollout_buffer_size as usize, "rollout_buffer_size × num_generations")?;
+            (train_policy_gradient(cfg, run_dir, &setup, mode, opts)?, setup.items.len())
+        }
+        None => {
+            let per_buffer = super::marlhf_actor_critic::items_per_buffer(cfg);
+            let setup = Setup::load(cfg, run_dir, per_buffer, "rollout_buffer_size (rounded up to whole items)")?;
+            (super::marlhf_actor_critic::train(cfg, run_dir, &setup, opts)?, setup.items.len())
+        }
+    };
+    println!(
+        "trained {} agents with {} on the reward model over {} items: {} updates in {:.1} s; agents saved in {}",
+        cfg.num_actors(),
+        cfg.rl_algorithm,
+        n,
+        summary.updates,
+        started.elapsed().as_secs_f64(),
+        run_dir.agents().display()
+    );
+    if let (Some(f), Some(b)) = (&summary.final_eval, &summary.best_eval) {
+        println!(
+            "eval reward (task reward): final {:.4} ± {:.4} after update {}; best {:.4} ± {:.4} after update {}",
+            f.reward_mean, f.reward_stderr, f.update, b.reward_mean, b.reward_stderr, b.update
+        );
+    }
+    Ok(TrainReport { updates: summary.updates })
+}
+
+/// The MAGRPO family: group advantages per item, the policy-gradient loss on padded rows.
+fn train_policy_gradient(
+    cfg: &Config,
+    run_dir: &RunDir,
+    setup: &Setup,
+    mode: &str,
+    opts: &TrainOptions,
+) -> Result<TrainingSummary> {
     let rule = AdvantageRule {
         mode: AdvantageMode::parse(mode)?,
         normalize: cfg.advantage_normalization,
         kl_coef: cfg.reference_kl_enabled.then_some(cfg.reference_kl_coef),
     };
-    let rm_dir = reward_model_dir(run_dir);
-    if !rm_dir.join("reward_model.json").is_file() {
-        bail!("{} holds no reward model; run `pbrl fit-rm` first", rm_dir.display());
-    }
-    let (_, rm_device) = cfg.reward_model_source()?;
-    let rm = JointRewardModel::load(&rm_dir, &parse_device(&rm_device, "reward_model_device")?)?;
-    if rm.num_agents != cfg.num_agents as usize {
-        bail!("{} scores teams of {} agents, this config has {}", rm_dir.display(), rm.num_agents, cfg.num_agents);
-    }
-    let (indices, items): (Vec<usize>, Vec<TaskItem>) = train_items(cfg)?.into_iter().unzip();
-    if items.is_empty() {
-        bail!("no train items to learn from");
-    }
-    let team = load_team(cfg, run_dir)?;
-    let k = cfg.num_generations as usize;
+    let Setup { team, items, rm, .. } = setup;
     let buffer = cfg.rollout_buffer_size as usize;
-    check_fits(
-        &team,
-        &items,
-        cfg.max_new_tokens as usize,
-        (buffer * k, "rollout_buffer_size × num_generations"),
-        "train",
-    )?;
-    let reference = if cfg.reference_kl_enabled { Some(reference_team(cfg, &team)?) } else { None };
     let chunk_items = cfg.pairs_per_update().min(buffer).max(1);
-
-    let head = rm_dir.join("reward_head.safetensors");
-    let rm_digest =
-        format!("{}+{}", file_digest(&head)?, source_digest(&rm_dir.join("backbone").display().to_string())?);
     let plan = Plan {
         stage: "train-marlhf",
         models: team.iter().map(|a| &a.model).collect(),
         params: team.iter().map(|a| all_weights(&a.model)).collect(),
         sources: cfg.agent_sources()?,
-        learning_rate: cfg.agent_learning_rate,
+        learning_rates: vec![cfg.agent_learning_rate; team.len()],
         epochs: cfg.num_train_epochs as u64,
         state_dir: state_dir(run_dir),
         shuffle: None,
-        fingerprint_extra: vec![("reward model".into(), rm_digest)],
+        fingerprint_extra: vec![("reward model".into(), setup.rm_digest.clone())],
     };
     let data = TrainingData { rounds: &[], num_examples: items.len() };
-    let mut session = Session::open_plan(cfg, run_dir, plan, Some(&team), data, opts.resume)?;
-    let params = cfg.sampling();
-    let started = std::time::Instant::now();
+    let mut session = Session::open_plan(cfg, run_dir, plan, Some(team), data, opts.resume)?;
 
     session.run(items.len(), buffer, |step, chunk, metrics| {
-        let batch: Vec<TaskItem> = chunk.iter().map(|&i| items[i].clone()).collect();
         let epoch = step.epoch;
-        let seed = |j: usize, a: usize, s: usize| {
-            derive_seed(cfg.seed, &[purpose::RL_ROLLOUT, epoch, indices[chunk[j]] as u64, a as u64, s as u64])
-        };
-        let mut generated = 0usize;
-        let out = rollout(&team, &batch, k, &params, seed, |n| generated += n)?;
-        *step.tokens += generated;
+        let out = setup.rollout(cfg, epoch, chunk, step.tokens)?;
         // returns[j][s]: the reward model's score of joint response s of item j.
-        let returns = joint_scores(&rm, &out)?;
+        let returns = joint_scores(rm, &out)?;
         // kls[a][j][s]: agent a's reference KL on its completion in joint response s of item j.
-        let kls = match &reference {
-            Some(refs) => team.iter().zip(refs).map(|(a, r)| reference_kls(a, r, &out)).collect::<Result<Vec<_>>>()?,
-            None => vec![vec![vec![0.0; k]; batch.len()]; team.len()],
-        };
-        let all: Vec<f64> = returns.iter().flatten().copied().collect();
-        metrics["turn_1/reward_mean"] = json!(mean(&all));
-        metrics["turn_1/expected_return"] = json!(mean(&all));
-        if cfg.reference_kl_enabled {
-            let kl_all: Vec<f64> = kls.iter().flatten().flatten().copied().collect();
-            metrics["turn_1/reference_kl_mean"] = json!(mean(&kl_all));
-            metrics["turn_1/reference_kl_penalty_mean"] = json!(cfg.reference_kl_coef * mean(&kl_all));
-        }
+        let kls = setup.reference_kls(&out)?;
+        rollout_metrics(cfg, &returns, &kls, false, metrics);
         for (a, agent) in team.iter().enumerate() {
             let advantages: Vec<Vec<f64>> =
-                (0..batch.len()).map(|j| group_advantages(&returns[j], &kls[a][j], rule)).collect();
+                (0..chunk.len()).map(|j| group_advantages(&returns[j], &kls[a][j], rule)).collect();
             let flat: Vec<f64> = advantages.iter().flatten().copied().collect();
             metrics[format!("marlhf/advantage_mean/agent_{a}")] = json!(mean(&flat));
             metrics[format!("marlhf/advantage_abs_mean/agent_{a}")] =
                 json!(flat.iter().map(|x| x.abs()).sum::<f64>() / flat.len().max(1) as f64);
             // The buffer in a seeded order, cut into the chunks of one update each.
-            let mut order: Vec<usize> = (0..batch.len()).collect();
+            let mut order: Vec<usize> = (0..chunk.len()).collect();
             let update = step.progress.updates;
             order.shuffle(&mut ChaCha8Rng::seed_from_u64(derive_seed(
                 cfg.seed,
@@ -193,31 +265,15 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
         metrics["marlhf/skipped_nonfinite"] = json!(step.progress.skipped_nonfinite.iter().sum::<u64>());
         Ok(())
     })?;
-    let summary = session.finish()?;
-    println!(
-        "trained {} agents with {} on the reward model over {} items: {} updates in {:.1} s; agents saved in {}",
-        team.len(),
-        cfg.rl_algorithm,
-        items.len(),
-        summary.updates,
-        started.elapsed().as_secs_f64(),
-        run_dir.agents().display()
-    );
-    if let (Some(f), Some(b)) = (&summary.final_eval, &summary.best_eval) {
-        println!(
-            "eval reward (task reward): final {:.4} ± {:.4} after update {}; best {:.4} ± {:.4} after update {}",
-            f.reward_mean, f.reward_stderr, f.update, b.reward_mean, b.reward_stderr, b.update
-        );
-    }
-    Ok(TrainReport { updates: summary.updates })
+    session.finish()
 }
 
-fn mean(xs: &[f64]) -> f64 {
+pub(super) fn mean(xs: &[f64]) -> f64 {
     xs.iter().sum::<f64>() / xs.len().max(1) as f64
 }
 
 /// The reward model's score of every joint response, `[item][sample]`, without gradients.
-fn joint_scores(rm: &JointRewardModel, out: &Rollout) -> Result<Vec<Vec<f64>>> {
+pub(super) fn joint_scores(rm: &JointRewardModel, out: &Rollout) -> Result<Vec<Vec<f64>>> {
     let mut texts = Vec::new();
     for (j, responses) in out.responses.iter().enumerate() {
         for s in 0..responses.len() {
@@ -237,7 +293,7 @@ fn joint_scores(rm: &JointRewardModel, out: &Rollout) -> Result<Vec<Vec<f64>>> {
 
 /// The token generation pads an agent's rows with: the model's pad token (transformers'
 /// `generate` pads with it), else its first stop token.
-fn rollout_pad(agent: &Agent) -> u32 {
+pub(super) fn rollout_pad(agent: &Agent) -> u32 {
     agent.model.model.config.pad_token_id.unwrap_or(agent.model.tokenizer.stop_ids[0])
 }
 
@@ -263,7 +319,7 @@ fn padded_rows(agent: &Agent, out: &Rollout, j: usize) -> (Vec<ScoreRow>, Vec<bo
 /// Agent `a`'s k3 reference KL on each of its completions, `[item][sample]`: over the response
 /// up to its first pad token (where the reference measures a response's length), under the
 /// agent and its frozen reference, without gradients.
-fn reference_kls(agent: &Agent, reference: &Agent, out: &Rollout) -> Result<Vec<Vec<f64>>> {
+pub(super) fn reference_kls(agent: &Agent, reference: &Agent, out: &Rollout) -> Result<Vec<Vec<f64>>> {
     let a = agent.index;
     let pad = rollout_pad(agent);
     let mut rows = Vec::new();
@@ -291,6 +347,6 @@ fn reference_kls(agent: &Agent, reference: &Agent, out: &Rollout) -> Result<Vec<
 /// The frozen reference of each agent: its configured model (`agent_model` / `agents`), as
 /// the reference's MARLHF starts from it. Not the team in `agents/`: a resumed or extended run
 /// has overwritten that with its own agents.
-fn reference_team(cfg: &Config, team: &[Agent]) -> Result<Vec<Agent>> {
+pub(super) fn reference_team(cfg: &Config, team: &[Agent]) -> Result<Vec<Agent>> {
     load_reference_team(cfg, team, &cfg.agent_sources()?, "reference model")
 }

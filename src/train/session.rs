@@ -120,15 +120,17 @@ pub struct Session<'a> {
     eval: Option<PeriodicEval>,
 }
 
-/// What a session trains and how: the models (with the weights each one's optimizer updates,
-/// and the sources the fingerprint names), the learning rate, the epochs, where checkpoints and
+/// What a session trains and how: the models (the team's agents first, when it trains a team;
+/// then any others, such as critics), with the weights each one's optimizer updates and the
+/// sources the fingerprint names, their learning rates, the epochs, where checkpoints and
 /// the summary go, and the random stream that shuffles the examples.
 pub struct Plan<'a> {
     pub stage: &'static str,
     pub models: Vec<&'a LoadedModel>,
     pub params: Vec<Vec<(String, Var)>>,
     pub sources: Vec<String>,
-    pub learning_rate: f64,
+    /// Each model's learning rate.
+    pub learning_rates: Vec<f64>,
     pub epochs: u64,
     /// Holds `checkpoints/`, `training_summary.json` and `training_plot.svg`.
     pub state_dir: PathBuf,
@@ -157,7 +159,7 @@ impl<'a> Session<'a> {
             // The configured sources, not the team as loaded: resuming restores every weight
             // from the checkpoint, and a run that finished has replaced the team it started from.
             sources: cfg.agent_sources()?,
-            learning_rate,
+            learning_rates: vec![learning_rate; team.len()],
             epochs: cfg.num_train_epochs as u64,
             state_dir: run_dir.root.clone(),
             shuffle: Some(purpose::TRAIN),
@@ -177,13 +179,20 @@ impl<'a> Session<'a> {
         resume: bool,
     ) -> Result<Self> {
         let n = plan.models.len();
-        let adam = AdamWConfig::torch_defaults(plan.learning_rate);
+        if plan.learning_rates.len() != n || plan.params.len() != n {
+            bail!("a training plan needs one learning rate and one weight list per model");
+        }
+        if team.is_some_and(|t| t.len() > n) {
+            bail!("a training plan must train every agent of its team");
+        }
         let mut optims = plan
             .params
             .into_iter()
+            .zip(&plan.learning_rates)
             .enumerate()
-            .map(|(i, params)| {
-                AdamW::new(params, adam).with_context(|| format!("model {i}: allocating the AdamW state"))
+            .map(|(i, (params, &lr))| {
+                AdamW::new(params, AdamWConfig::torch_defaults(lr))
+                    .with_context(|| format!("model {i}: allocating the AdamW state"))
             })
             .collect::<Result<Vec<_>>>()?;
         let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[plan.shuffle.unwrap_or(purpose::TRAIN)]));
@@ -250,6 +259,11 @@ impl<'a> Session<'a> {
 
     pub fn models(&self) -> Vec<&'a LoadedModel> {
         self.models.clone()
+    }
+
+    /// The team's agents among the models (the first ones; none without a team).
+    fn team_models(&self) -> Vec<&'a LoadedModel> {
+        self.models[..self.team.map_or(0, <[Agent]>::len)].to_vec()
     }
 
     /// Every remaining epoch over `num_examples` shuffled examples in batches of `batch_size`;
@@ -329,7 +343,7 @@ impl<'a> Session<'a> {
             if self.cfg.keep_best {
                 let dir = best_agents_dir(self.run_dir);
                 let record = serde_json::to_vec_pretty(&point)?;
-                save_team_to(&dir, &self.models(), &self.cfg.sampling(), Some(("best.json", &record)))?;
+                save_team_to(&dir, &self.team_models(), &self.cfg.sampling(), Some(("best.json", &record)))?;
             }
             self.progress.best = Some(point);
         }
@@ -369,7 +383,7 @@ impl Session<'_> {
     /// in `best_agents/`), the last ones then going to `final_agents/`.
     fn save_team(&self, use_best: bool) -> Result<()> {
         if !use_best {
-            return save_team(self.run_dir, &self.models(), &self.cfg.sampling());
+            return save_team(self.run_dir, &self.team_models(), &self.cfg.sampling());
         }
         let best = self.progress.best;
         let dir = best_agents_dir(self.run_dir);
@@ -385,7 +399,7 @@ impl Session<'_> {
         }
         copy_team(&dir, &self.run_dir.agents())?;
         // The last agents stay available (`pbrl eval --team <run_dir>/final_agents`).
-        save_team_to(&final_agents_dir(self.run_dir), &self.models(), &self.cfg.sampling(), None)
+        save_team_to(&final_agents_dir(self.run_dir), &self.team_models(), &self.cfg.sampling(), None)
     }
 }
 
