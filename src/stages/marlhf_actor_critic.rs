@@ -24,6 +24,7 @@
 //! (from 0, joined by blank lines), "q" that followed by `[Joint Action]` and each
 //! `[Agent i action]\nresponse_i`, tokenized with the critic's tokenizer.
 use anyhow::{bail, Context, Result};
+use candle_core::Tensor;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -71,15 +72,48 @@ enum Critics {
 }
 
 /// One sample of an agent's buffer.
-struct Sample {
+#[derive(Debug, Clone)]
+pub struct Sample {
     /// The agent's prompt and response (to the first pad token, as the reference cuts it).
-    row: ScoreRow,
+    pub row: ScoreRow,
     /// What the critic reads.
-    critic_row: Vec<u32>,
+    pub critic_row: Vec<u32>,
     /// The KL-shaped return (the value target).
-    target: f64,
+    pub target: f64,
     /// The critic's value at rollout time.
-    old_value: f64,
+    pub old_value: f64,
+}
+
+/// The values of token rows under a critic, without gradients.
+pub fn values_without_grad(model: &LoadedModel, head: &ValueHead, rows: &[Vec<u32>]) -> Result<Vec<f64>> {
+    let mut out = Vec::with_capacity(rows.len());
+    for part in rows.chunks(VALUE_BATCH) {
+        let v = head.values(model, part, Mode::Infer)?.detach();
+        out.extend(v.to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?);
+    }
+    Ok(out)
+}
+
+/// One chunk's losses: the actor's, mean −A · log π(response), and the critic's,
+/// `coef` × mean (R − V)² (clipped around V_old by `clip` when given), V from `head` on `critic`
+/// (with gradients; the actor itself for a shared head).
+pub fn chunk_losses(
+    actor: &LoadedModel,
+    critic: (&LoadedModel, &ValueHead),
+    chunk: &[&Sample],
+    advantages: &[f64],
+    clip: Option<f64>,
+    coef: f64,
+) -> Result<(Tensor, Tensor)> {
+    let rows: Vec<ScoreRow> = chunk.iter().map(|s| s.row.clone()).collect();
+    let lp = sequence_log_probs(&actor.model, &rows, LastToken::Include, actor.tokenizer.pad_id, Mode::Train)?;
+    let actor_loss = actor_loss(&lp, advantages)?;
+    let critic_rows: Vec<Vec<u32>> = chunk.iter().map(|s| s.critic_row.clone()).collect();
+    let values = critic.1.values(critic.0, &critic_rows, Mode::Train)?;
+    let targets: Vec<f64> = chunk.iter().map(|s| s.target).collect();
+    let olds: Vec<f64> = chunk.iter().map(|s| s.old_value).collect();
+    let critic_loss = (value_loss(&values, &targets, &olds, clip)? * coef)?;
+    Ok((actor_loss, critic_loss))
 }
 
 pub(super) fn train(cfg: &Config, run_dir: &RunDir, setup: &Setup, opts: &TrainOptions) -> Result<TrainingSummary> {
@@ -143,11 +177,7 @@ pub(super) fn train(cfg: &Config, run_dir: &RunDir, setup: &Setup, opts: &TrainO
             }
             let (model, head) = value_model(&critics, team, a);
             let rows: Vec<Vec<u32>> = samples.iter().map(|s| s.critic_row.clone()).collect();
-            let mut old = Vec::with_capacity(rows.len());
-            for part in rows.chunks(VALUE_BATCH) {
-                let v = head.values(model, part, Mode::Infer)?.detach();
-                old.extend(v.to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?);
-            }
+            let old = values_without_grad(model, head, &rows)?;
             if let Some(bad) = old.iter().find(|v| !v.is_finite()) {
                 bail!("agent {a}'s critic gave the value {bad}: not usable");
             }
@@ -171,22 +201,11 @@ pub(super) fn train(cfg: &Config, run_dir: &RunDir, setup: &Setup, opts: &TrainO
             )));
             let (mut actor_losses, mut value_losses) = (Vec::new(), Vec::new());
             for part in order.chunks(chunk_samples) {
-                let rows: Vec<ScoreRow> = part.iter().map(|&i| samples[i].row.clone()).collect();
-                let lp = sequence_log_probs(
-                    &agent.model.model,
-                    &rows,
-                    LastToken::Include,
-                    agent.model.tokenizer.pad_id,
-                    Mode::Train,
-                )?;
+                let chunk: Vec<&Sample> = part.iter().map(|&i| &samples[i]).collect();
                 let adv: Vec<f64> = part.iter().map(|&i| advantages[i]).collect();
-                let actor = actor_loss(&lp, &adv)?;
-                let (model, head) = value_model(&critics, team, a);
-                let critic_rows: Vec<Vec<u32>> = part.iter().map(|&i| samples[i].critic_row.clone()).collect();
-                let values = head.values(model, &critic_rows, Mode::Train)?;
-                let t: Vec<f64> = part.iter().map(|&i| samples[i].target).collect();
-                let o: Vec<f64> = part.iter().map(|&i| samples[i].old_value).collect();
-                let critic = (value_loss(&values, &t, &o, clip)? * cfg.value_loss_coef)?;
+                let critic_model = value_model(&critics, team, a);
+                let (actor, critic) =
+                    chunk_losses(&agent.model, critic_model, &chunk, &adv, clip, cfg.value_loss_coef)?;
                 match critic_index(&critics, n, a) {
                     Some(c) => {
                         // The actor's step, then the critic's, on their own losses.
@@ -223,7 +242,7 @@ pub(super) fn train(cfg: &Config, run_dir: &RunDir, setup: &Setup, opts: &TrainO
     session.finish()
 }
 
-fn scalar(t: &candle_core::Tensor) -> Result<f64> {
+fn scalar(t: &Tensor) -> Result<f64> {
     Ok(t.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?)
 }
 
@@ -258,17 +277,25 @@ fn critic_input(cfg: &Config, critics: &Critics, out: &Rollout, row: &ScoreRow, 
             Ok(ids)
         }
         Critics::Central(c) => {
-            let prompts = &out.prompts[j];
-            let mut text =
-                prompts.iter().enumerate().map(|(i, p)| format!("[Agent {i}] {p}")).collect::<Vec<_>>().join("\n\n");
-            if q {
-                let mut action = vec!["[Joint Action]".to_string()];
-                action.extend(out.texts(j, s).iter().enumerate().map(|(i, c)| format!("[Agent {i} action]\n{c}")));
-                text = format!("{text}\n\n{}", action.join("\n\n"));
-            }
+            let actions = q.then(|| out.texts(j, s));
+            let text = maac_critic_text(&out.prompts[j], actions.as_deref());
             let mut ids = c.model.tokenizer.encode_with_special_tokens(&text)?;
             ids.truncate(c.model.model.config.context_length());
             Ok(ids)
+        }
+    }
+}
+
+/// `maac`'s critic input (the reference's `_build_critic_input`): every agent's prompt, and for a
+/// Q critic the joint action.
+pub fn maac_critic_text(prompts: &[String], actions: Option<&[String]>) -> String {
+    let text = prompts.iter().enumerate().map(|(i, p)| format!("[Agent {i}] {p}")).collect::<Vec<_>>().join("\n\n");
+    match actions {
+        None => text,
+        Some(actions) => {
+            let mut parts = vec!["[Joint Action]".to_string()];
+            parts.extend(actions.iter().enumerate().map(|(i, c)| format!("[Agent {i} action]\n{c}")));
+            format!("{text}\n\n{}", parts.join("\n\n"))
         }
     }
 }
@@ -336,4 +363,21 @@ fn same_tokens(agent: &Agent, critic: &LoadedModel) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_maac_critic_reads_the_reference_text() {
+        let p = vec!["write".to_string(), "expand".to_string()];
+        assert_eq!(maac_critic_text(&p, None), "[Agent 0] write\n\n[Agent 1] expand");
+        let a = vec!["short".to_string(), "long".to_string()];
+        assert_eq!(
+            maac_critic_text(&p, Some(&a)),
+            "[Agent 0] write\n\n[Agent 1] expand\n\n[Joint Action]\n\n[Agent 0 action]\nshort\n\n[Agent 1 action]\nlong"
+        );
+        assert_eq!(items_per_buffer(&Config { rollout_buffer_size: 5, num_generations: 2, ..Config::default() }), 3);
+    }
 }
