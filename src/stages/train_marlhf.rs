@@ -1,6 +1,7 @@
 //! `pbrl train-marlhf`: online RL of the agents on the joint reward model `fit-rm` fitted
-//! (reference §7.4), with the MAGRPO family of policy-gradient backends (`rl_algorithm` =
-//! magrpo | mareinforce | maremax | marloo).
+//! (reference §7.4). This file: the shared setup and the MAGRPO family of policy-gradient
+//! backends (`rl_algorithm` = magrpo | mareinforce | maremax | marloo); the actor-critic
+//! backends (iac, maac) are in `marlhf_actor_critic.rs`.
 //!
 //! 1. load the reward model from `<run_dir>/reward_model/` (on `reward_model_device`) and the
 //!    team; with `reference_kl_enabled`, each agent's configured model as its frozen reference
