@@ -1,6 +1,7 @@
 //! Centralized collaboration end to end on a tiny model: one actor writes both roles in a tagged
 //! joint response; collect scores the parsed roles, train-madpo learns from the joint text with
-//! the full-token scorer, eval reports the parsed roles.
+//! the full-token scorer, fit-rm and train-marlhf (MAGRPO) learn from the joint text too, eval
+//! reports the parsed roles.
 mod common;
 
 use common::{ok, pbrl};
@@ -108,6 +109,26 @@ fn centralized_collect_train_eval() {
             r["completions"].as_array().unwrap().iter().map(|c| c.as_str().unwrap().to_string()).collect();
         assert_eq!(roles, parse_joint_response(joint, 2));
     }
+
+    // MARLHF on the same round: the reward model reads the joint prompt and text as fitted; RL
+    // trains the one actor with the joint scorer.
+    ok(pbrl(&["fit-rm", "--config", "c.toml", "reward_eval_fraction=0", "reward_learning_rate=1e-3"], d));
+    let before = std::fs::read(d.join("run/agents/agent_0/model.safetensors")).unwrap();
+    let o = ok(pbrl(&["train-marlhf", "--config", "c.toml", "num_train_epochs=2", "num_generations=3"], d));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("trained 1 agents with magrpo"), "{o:?}");
+    let losses = common::metric_values(&d.join("run"), "marlhf/loss/agent_0");
+    assert!(!losses.is_empty() && losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    let metrics = std::fs::read_to_string(d.join("run/metrics.jsonl")).unwrap();
+    let rl_lines = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["stage"] == "train-marlhf" && v["turn_1/reward_mean"].is_f64())
+        .count();
+    assert_eq!(rl_lines, 2 * 3, "2 epochs of 3 buffers");
+    assert_ne!(before, std::fs::read(d.join("run/agents/agent_0/model.safetensors")).unwrap(), "the actor moved");
+    let o = pbrl(&["train-marlhf", "--config", "c.toml", "rl_algorithm=iac"], d);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("the actor-critic backends train decentralized agents"));
 
     // A round collected by two decentralized agents does not fit one centralized actor.
     ok(pbrl(&["collect", "--config", "c.toml", "collaboration_mode=decentralized", "--run-dir", "dec"], d));

@@ -43,7 +43,8 @@ fn iac_and_maac_updates_match_comlrl() {
     let chunk = g["chunk"].as_u64().unwrap() as usize;
     for (name, case) in g["cases"].as_object().unwrap() {
         let dev = common::device();
-        let load = || LoadedModel::load(common::fixtures().join("golden_madpo/agent_0").to_str().unwrap(), &dev).unwrap();
+        let load =
+            || LoadedModel::load(common::fixtures().join("golden_madpo/agent_0").to_str().unwrap(), &dev).unwrap();
         let separate = case["separate_critic"].as_bool().unwrap();
         let actor = load();
         let critic_model = if separate { Some(load()) } else { None };
@@ -96,7 +97,8 @@ fn iac_and_maac_updates_match_comlrl() {
         for (m, part, grads) in checks {
             let (mut checked, mut worst) = (0, 0f64);
             for (param, var) in m.varmap.data().lock().unwrap().iter() {
-                let torch_name = if param.starts_with("value_head.") { param.clone() } else { format!("model.{param}") };
+                let torch_name =
+                    if param.starts_with("value_head.") { param.clone() } else { format!("model.{param}") };
                 let key = format!("{name}/{part}/{torch_name}");
                 let Some(want) = want_grads.get(&key) else {
                     assert!(param == "lm_head.weight", "{key}: no reference gradient");

@@ -107,7 +107,11 @@ impl ValueHead {
         dev: &Device,
     ) -> Result<Self> {
         let mut normal = |rows: usize, cols: usize| -> Result<Tensor> {
-            Ok(Tensor::from_vec((0..rows * cols).map(|_| 0.02 * standard_normal(rng)).collect::<Vec<f32>>(), (rows, cols), dev)?)
+            Ok(Tensor::from_vec(
+                (0..rows * cols).map(|_| 0.02 * standard_normal(rng)).collect::<Vec<f32>>(),
+                (rows, cols),
+                dev,
+            )?)
         };
         let pre = match hidden_dim {
             Some(d) => Some((normal(d, hidden)?, Tensor::zeros(d, DType::F32, dev)?)),

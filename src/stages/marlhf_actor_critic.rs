@@ -266,7 +266,14 @@ fn critic_index(critics: &Critics, n: usize, a: usize) -> Option<usize> {
 }
 
 /// What the critic reads for sample `s` of item `j` (`row`: the agent's prompt and response).
-fn critic_input(cfg: &Config, critics: &Critics, out: &Rollout, row: &ScoreRow, j: usize, s: usize) -> Result<Vec<u32>> {
+fn critic_input(
+    cfg: &Config,
+    critics: &Critics,
+    out: &Rollout,
+    row: &ScoreRow,
+    j: usize,
+    s: usize,
+) -> Result<Vec<u32>> {
     let q = cfg.critic_type == "q";
     match critics {
         Critics::PerAgent(_) | Critics::Shared(_) => {

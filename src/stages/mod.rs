@@ -2,6 +2,6 @@
 pub mod collect;
 pub mod eval;
 pub mod fit_rm;
-pub mod train_madpo;
 pub mod marlhf_actor_critic;
+pub mod train_madpo;
 pub mod train_marlhf;

@@ -149,16 +149,19 @@ pub(super) fn rollout_metrics(
 }
 
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainReport> {
-    if cfg.collaboration_mode == "centralized" {
+    if cfg.collaboration_mode == "centralized" && cfg.marlhf_advantage_mode().is_none() {
         bail!(
-            "collaboration_mode = \"centralized\": train-marlhf trains decentralized agents only; set \
-             collaboration_mode = \"decentralized\" (fit-rm and train-madpo accept centralized rounds)"
+            "collaboration_mode = \"centralized\" with rl_algorithm = \"{}\": the actor-critic backends train \
+             decentralized agents; choose a MAGRPO-family rl_algorithm (magrpo, mareinforce, maremax, marloo) for \
+             a centralized actor",
+            cfg.rl_algorithm
         );
     }
     let started = std::time::Instant::now();
     let (summary, n) = match cfg.marlhf_advantage_mode() {
         Some(mode) => {
-            let setup = Setup::load(cfg, run_dir, cfg.rollout_buffer_size as usize, "rollout_buffer_size × num_generations")?;
+            let setup =
+                Setup::load(cfg, run_dir, cfg.rollout_buffer_size as usize, "rollout_buffer_size × num_generations")?;
             (train_policy_gradient(cfg, run_dir, &setup, mode, opts)?, setup.items.len())
         }
         None => {
@@ -201,6 +204,7 @@ fn train_policy_gradient(
     let Setup { team, items, rm, .. } = setup;
     let buffer = cfg.rollout_buffer_size as usize;
     let chunk_items = cfg.pairs_per_update().min(buffer).max(1);
+    let centralized = cfg.collaboration_mode == "centralized";
     let plan = Plan {
         stage: "train-marlhf",
         models: team.iter().map(|a| &a.model).collect(),
@@ -242,14 +246,16 @@ fn train_policy_gradient(
                 let groups = part
                     .iter()
                     .map(|&j| {
-                        let (rows, scored) = padded_rows(agent, &out, j);
-                        let lp = sequence_log_probs(
-                            &agent.model.model,
-                            &rows,
-                            LastToken::Exclude,
-                            agent.model.tokenizer.pad_id,
-                            Mode::Train,
-                        )?;
+                        let (rows, scored, last) = if centralized {
+                            let rows = joint_rows(agent, &out, j);
+                            let scored = vec![true; rows.len()];
+                            (rows, scored, LastToken::Include)
+                        } else {
+                            let (rows, scored) = padded_rows(agent, &out, j);
+                            (rows, scored, LastToken::Exclude)
+                        };
+                        let pad = agent.model.tokenizer.pad_id;
+                        let lp = sequence_log_probs(&agent.model.model, &rows, last, pad, Mode::Train)?;
                         group_loss(&lp, &advantages[j], &scored)
                     })
                     .collect::<Result<Vec<_>>>()?;
@@ -315,6 +321,22 @@ fn padded_rows(agent: &Agent, out: &Rollout, j: usize) -> (Vec<ScoreRow>, Vec<bo
         .collect();
     let scored = rows.iter().map(|r| r.completion.len() > 1).collect();
     (rows, scored)
+}
+
+/// The centralized actor's rows of item `j` as the joint scorer reads them (reference §6.3):
+/// each completion cut at its first pad token, which is kept when it is the end-of-turn token,
+/// every token scored (an empty row scores 0 and still counts in the group's mean).
+fn joint_rows(agent: &Agent, out: &Rollout, j: usize) -> Vec<ScoreRow> {
+    let pad = rollout_pad(agent);
+    let pad_ends_turn = agent.model.tokenizer.stop_ids.contains(&pad);
+    out.responses[j]
+        .iter()
+        .map(|joint| {
+            let ids = &joint[agent.index].ids;
+            let end = ids.iter().position(|&t| t == pad).map_or(ids.len(), |p| p + usize::from(pad_ends_turn));
+            ScoreRow { prompt: out.prompt_ids[j][agent.index].clone(), completion: ids[..end].to_vec() }
+        })
+        .collect()
 }
 
 /// Agent `a`'s k3 reference KL on each of its completions, `[item][sample]`: over the response
