@@ -68,7 +68,7 @@ enum Critics {
     /// `iac` with `use_separate_critic = false`: a value head on each actor.
     Shared(Vec<ValueHead>),
     /// `maac`: one critic of the joint text.
-    Central(Critic),
+    Central(Box<Critic>),
 }
 
 /// One sample of an agent's buffer.
@@ -350,7 +350,7 @@ fn build_critics(cfg: &Config, team: &[Agent]) -> Result<Critics> {
         }
         ("maac", _) => {
             let source = cfg.critic_model_name.clone().unwrap_or_else(|| sources[0].clone());
-            Critics::Central(load(0, &source, dim(cfg.critic_value_head_hidden_dim), &mut rng(0))?)
+            Critics::Central(Box::new(load(0, &source, dim(cfg.critic_value_head_hidden_dim), &mut rng(0))?))
         }
         (other, _) => bail!("rl_algorithm = \"{other}\" is not an actor-critic backend"),
     })
