@@ -48,6 +48,18 @@ echo "== comlrl collect + MADPO on pbrl's round"
 "$VENV/bin/python" scripts/bench_comlrl.py --threads "$T" --round "$OUT/collect-run/preference_replay/iteration_0001.json" \
   --out "$OUT/comlrl.json"
 
+# MARLHF on the same round in a fresh run directory: fit-rm (no held-out share, as the
+# reference), then train-marlhf (magrpo, num_generations 4, one epoch over the 8 items); CoMLRL's
+# MARLHFTrainer the same way, in its own process.
+rm -rf "$OUT/marlhf-run"; mkdir -p "$OUT/marlhf-run"
+cp -r "$OUT/collect-run/preference_replay" "$OUT/marlhf-run/"
+marlhf=("${common[@]/$OUT\/collect-run/$OUT/marlhf-run}" rl_algorithm=magrpo num_generations=4 reward_eval_fraction=0)
+echo "== pbrl fit-rm"; measure "$OUT/pbrl_fit_rm.json" target/release/pbrl fit-rm "${marlhf[@]}"
+echo "== pbrl train-marlhf"; measure "$OUT/pbrl_train_marlhf.json" target/release/pbrl train-marlhf "${marlhf[@]}"
+echo "== comlrl MARLHF on pbrl's round"
+"$VENV/bin/python" scripts/bench_comlrl.py --threads "$T" --marlhf \
+  --round "$OUT/collect-run/preference_replay/iteration_0001.json" --out "$OUT/comlrl_marlhf.json"
+
 python3 - "$OUT" <<'PY'
 import json, platform, sys
 d = sys.argv[1]
@@ -65,7 +77,9 @@ def machine():
     return {"cpu_model": model, "isa": isa, "logical_cpus": info.count("processor\t:"), "pbrl_gemm_kernels": gemm}
 
 
-r = {k: json.load(open(f"{d}/{k}.json")) for k in ["pbrl_train", "torch_train", "pbrl_sample", "torch_sample", "pbrl_collect", "pbrl_madpo", "comlrl"]}
+r = {k: json.load(open(f"{d}/{k}.json")) for k in ["pbrl_train", "torch_train", "pbrl_sample", "torch_sample", "pbrl_collect",
+                                                   "pbrl_madpo", "comlrl", "pbrl_fit_rm", "pbrl_train_marlhf",
+                                                   "comlrl_marlhf"]}
 num_pairs = json.load(open(f"{d}/collect-run/preference_replay/iteration_0001.json"))["num_pairs"]
 report = {
     "sampling_tokens_per_s": {"pbrl": r["pbrl_sample"]["tokens_per_s"], "hf_generate": r["torch_sample"]["tokens_per_s"]},
@@ -73,11 +87,18 @@ report = {
     "train_step_phases_s": {k: {p: r[k][p] for p in ["forward_s", "backward_s", "adamw_s"]} for k in ["pbrl_train", "torch_train"]},
     "collect_s": {"pbrl": r["pbrl_collect"]["wall_s"], "comlrl": r["comlrl"]["collect_s"]},
     "madpo_train_s": {"pbrl": r["pbrl_madpo"]["wall_s"], "comlrl": r["comlrl"]["madpo_train_s"], "num_pairs": num_pairs},
+    # pbrl: each process's wall time (model loading included); CoMLRL: the phase alone
+    "marlhf_rm_s": {"pbrl": r["pbrl_fit_rm"]["wall_s"], "comlrl": r["comlrl_marlhf"]["marlhf_rm_s"]},
+    "marlhf_rl_s": {"pbrl": r["pbrl_train_marlhf"]["wall_s"], "comlrl": r["comlrl_marlhf"]["marlhf_rl_s"]},
     "peak_rss_mib": {
         "train_step": {"pbrl": r["pbrl_train"]["peak_rss_mib"], "pytorch": r["torch_train"]["peak_rss_mib"]},
         # pbrl: the larger of its collect and train-madpo processes; CoMLRL: its one collect + train process
         "madpo_run": {"pbrl": max(r["pbrl_collect"]["peak_rss_mib"], r["pbrl_madpo"]["peak_rss_mib"]),
                       "comlrl": r["comlrl"]["peak_rss_mib"]},
+        # pbrl: the largest of its collect, fit-rm and train-marlhf processes; CoMLRL: its one process
+        "marlhf_run": {"pbrl": max(r["pbrl_collect"]["peak_rss_mib"], r["pbrl_fit_rm"]["peak_rss_mib"],
+                                   r["pbrl_train_marlhf"]["peak_rss_mib"]),
+                       "comlrl": r["comlrl_marlhf"]["peak_rss_mib"]},
     },
     "threads": r["pbrl_train"]["threads"],
     "machine": machine(),
@@ -100,5 +121,10 @@ md = report["madpo_train_s"]
 print(f"{'MADPO train s (' + str(num_pairs) + ' pairs, batch 2, wall)':<40}{md['pbrl']:>10.1f}{md['comlrl']:>10.1f}{md['pbrl']/md['comlrl']:>8.2f}  <= 0.5")
 mr = m["madpo_run"]
 print(f"{'collect + MADPO peak RSS MiB':<40}{mr['pbrl']:>10.0f}{mr['comlrl']:>10.0f}{mr['pbrl']/mr['comlrl']:>8.2f}  <= 0.6")
+for key, label in [("marlhf_rm_s", "MARLHF reward model s (fit, wall)"), ("marlhf_rl_s", "MARLHF RL s (magrpo, 8 items)")]:
+    x = report[key]
+    print(f"{label:<40}{x['pbrl']:>10.1f}{x['comlrl']:>10.1f}{x['pbrl']/x['comlrl']:>8.2f}  <= 0.5")
+mm = m["marlhf_run"]
+print(f"{'collect + MARLHF peak RSS MiB':<40}{mm['pbrl']:>10.0f}{mm['comlrl']:>10.0f}{mm['pbrl']/mm['comlrl']:>8.2f}  <= 0.6")
 print(f"report: {d}/report.json")
 PY

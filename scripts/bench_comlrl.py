@@ -12,8 +12,16 @@ them), 4 candidates, 32 new tokens, temperature 0.6, top_p 0.6, top_k 50, the le
    (MADPOIterTrainer._preference_tensors_from_text), then MADPOTrainer._train_preference_pairs
    (train_batch_size 2, 1 epoch, lr 5e-6), timed;
 3. writes JSON with both times and the process's peak RSS (the whole collect + train run).
+
+With --marlhf (a separate process, so its peak RSS is its own): MARLHFTrainer (rl_algorithm
+magrpo, num_generations 4, the reference's reward-model defaults; the reward model's backbone the
+same SmolLM2 saved once as a Hugging Face directory, since CoMLRL loads it by name), timed by
+phase: the collection, the reward model's init and Bradley-Terry fit on pbrl's round
+(`_init_reward_model` + `_train_reward_model`), and the online RL (`_train_online_rl`, one epoch
+over the 8 items).
 """
 import argparse
+import copy
 import json
 import math
 import os
@@ -42,10 +50,11 @@ def main():
     ap.add_argument("--items", type=int, default=8)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("THREADS", "2")))
     ap.add_argument("--round", help="pbrl round file to train MADPO on after collecting")
+    ap.add_argument("--marlhf", action="store_true", help="MARLHF instead of MADPO (see above)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     os.environ.setdefault("WANDB_MODE", "disabled")
-    from comlrl.trainers.preference import MADPOConfig, MADPOTrainer
+    from comlrl.trainers.preference import MADPOConfig, MADPOTrainer, MARLHFConfig, MARLHFTrainer
     from datasets import Dataset
 
     qs = tomllib.loads((ROOT / "configs" / "quickstart.toml").read_text())
@@ -66,12 +75,28 @@ def main():
             return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         return f
 
-    args = MADPOConfig(num_train_epochs=1, num_agents=2, max_new_tokens=32, temperature=0.6, top_p=0.6, top_k=50,
-                       preference_num_candidates=4, preference_pairs_per_sample=2, eval_interval=0,
-                       agent_devices=["cpu", "cpu"], train_batch_size=2, agent_learning_rate=5e-6)
-    trainer = MADPOTrainer(agents=agents, num_agents=2, tokenizer=tok, train_dataset=Dataset.from_list(items),
-                           reward_func=lambda c1, c2: [length_ratio(c1[0], c2[0])],
-                           formatters=[formatter(0), formatter(1)], args=args)
+    common = dict(num_train_epochs=1, num_agents=2, max_new_tokens=32, temperature=0.6, top_p=0.6, top_k=50,
+                  preference_num_candidates=4, preference_pairs_per_sample=2, eval_interval=0,
+                  agent_devices=["cpu", "cpu"], train_batch_size=2, agent_learning_rate=5e-6)
+    if a.marlhf:
+        hf_dir = Path(a.out).parent / "smollm2-hf"
+        if not (hf_dir / "config.json").is_file():
+            # A GGUF-loaded model does not serialize: copy its (dequantized) weights into a plain one.
+            config = copy.deepcopy(agents[0].config)
+            if hasattr(config, "quantization_config"):
+                del config.quantization_config
+            plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            plain.load_state_dict(agents[0].state_dict())
+            plain.save_pretrained(hf_dir)
+            tok.save_pretrained(hf_dir)
+        args = MARLHFConfig(**common, rl_algorithm="magrpo", num_generations=4, reward_model_name=str(hf_dir),
+                            reward_model_device="cpu")
+        cls = MARLHFTrainer
+    else:
+        args, cls = MADPOConfig(**common), MADPOTrainer
+    trainer = cls(agents=agents, num_agents=2, tokenizer=tok, train_dataset=Dataset.from_list(items),
+                  reward_func=lambda c1, c2: [length_ratio(c1[0], c2[0])],
+                  formatters=[formatter(0), formatter(1)], args=args)
     t = time.perf_counter()
     pairs = trainer._build_preference_dataset()
     secs = time.perf_counter() - t
@@ -92,10 +117,21 @@ def main():
             for r in records
         ]
         t = time.perf_counter()
-        trainer._train_preference_pairs(round_pairs)
-        out["madpo_train_s"] = time.perf_counter() - t
-        out["madpo_num_pairs"] = len(round_pairs)
-        print(f"CoMLRL MADPO training: {len(round_pairs)} pairs in {out['madpo_train_s']:.1f} s")
+        if a.marlhf:
+            trainer._init_reward_model()
+            trainer._train_reward_model(round_pairs)
+            trainer._reward_model_active = True
+            out["marlhf_rm_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            trainer._train_online_rl()
+            out["marlhf_rl_s"] = time.perf_counter() - t
+            print(f"CoMLRL MARLHF: reward model {out['marlhf_rm_s']:.1f} s ({len(round_pairs)} pairs), "
+                  f"RL {out['marlhf_rl_s']:.1f} s")
+        else:
+            trainer._train_preference_pairs(round_pairs)
+            out["madpo_train_s"] = time.perf_counter() - t
+            out["madpo_num_pairs"] = len(round_pairs)
+            print(f"CoMLRL MADPO training: {len(round_pairs)} pairs in {out['madpo_train_s']:.1f} s")
     out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     Path(a.out).write_text(json.dumps(out))
 
