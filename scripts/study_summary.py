@@ -1,4 +1,4 @@
-"""Summarize scripts/anchored_study.sh: per run, the eval reward before and after and the paired
+"""Summarize scripts/anchored_study.sh (or scripts/marlhf_study.sh): per run, the eval reward before and after and the paired
 gain (per-prompt mean after minus before) with its standard error over prompts; per task and
 variant, the mean gain over seeds; the keep-best choice; the brief agent's answer length.
 Usage: python3 scripts/study_summary.py STUDY_DIR"""
@@ -66,7 +66,10 @@ def main():
                     continue
                 after, a_chars = per_prompt(report_of(run / "eval.log"))
                 gain, se = paired(before, after)
-                summary = json.load(open(run / "training_summary.json"))
+                # train-madpo's summary is in the run directory, train-marlhf's in marlhf_training/
+                found = [p for p in [run / "training_summary.json", run / "marlhf_training" / "training_summary.json"]
+                         if p.exists()]
+                summary = json.load(open(found[0]))
                 final = None
                 if (run / "eval_final.log").exists():
                     f_after, _ = per_prompt(report_of(run / "eval_final.log"))
