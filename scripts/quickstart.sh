@@ -2,13 +2,20 @@
 # The main job on the bundled default: one MADPO cycle on configs/quickstart.toml with the real
 # SmolLM2-135M-Instruct agents, in a fresh run directory:
 #   pbrl eval -> pbrl collect -> pbrl train-madpo -> pbrl eval
+# or with ALGORITHM=marlhf the MARLHF cycle:
+#   pbrl eval -> pbrl collect -> pbrl fit-rm -> pbrl train-marlhf -> pbrl eval
 # and a before/after summary with each stage's wall time.
 #   scripts/quickstart.sh [KEY=VALUE ...]      overrides go to every stage
 #   CONFIG=file (default configs/quickstart.toml), RUN_DIR=dir (default runs/quickstart-<UTC time>),
-#   PBRL_THREADS=n (default: the physical cores)
+#   ALGORITHM=madpo|marlhf (default madpo), PBRL_THREADS=n (default: the physical cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-configs/quickstart.toml}
+case ${ALGORITHM:-madpo} in
+  madpo) training=(train-madpo) ;;
+  marlhf) training=(fit-rm train-marlhf) ;;
+  *) echo "error: ALGORITHM must be madpo or marlhf" >&2; exit 2 ;;
+esac
 RUN_DIR=${RUN_DIR:-runs/quickstart-$(date -u +%Y%m%dT%H%M%SZ)}
 if [ -e "$RUN_DIR" ]; then
   echo "error: $RUN_DIR exists; pick another RUN_DIR (this script never reuses a run directory)" >&2
@@ -28,14 +35,15 @@ stage() { # stage NAME COMMAND...: run one stage, echo its output, remember its 
   secs[$name]=$((SECONDS - start))
 }
 mkdir -p "$RUN_DIR/logs"
-stage eval-before eval
-stage collect collect
-stage train-madpo train-madpo
-stage eval-after eval
+order=(eval-before collect "${training[@]}" eval-after)
+for name in "${order[@]}"; do
+  case $name in eval-*) stage "$name" eval ;; *) stage "$name" "$name" ;; esac
+done
 
 reward() { awk '/^eval\/turn_1\/reward_mean/ {print $2}' "$RUN_DIR/logs/$1.log"; }
 before=$(reward eval-before); after=$(reward eval-after)
-total=$((secs[eval-before] + secs[collect] + secs[train-madpo] + secs[eval-after]))
+total=0; parts=()
+for name in "${order[@]}"; do total=$((total + secs[$name])); parts+=("$name ${secs[$name]} s"); done
 echo
-echo "quickstart cycle in $RUN_DIR ($total s: eval ${secs[eval-before]} s, collect ${secs[collect]} s, train-madpo ${secs[train-madpo]} s, eval ${secs[eval-after]} s)"
+echo "quickstart cycle in $RUN_DIR ($total s: $(IFS=,; echo "${parts[*]}" | sed 's/,/, /g'))"
 echo "eval/turn_1/reward_mean  before $before  after $after"
