@@ -5,6 +5,7 @@
 //! every artefact lives in the run directory ([`run`]).
 pub mod algo;
 pub mod cli;
+pub mod comparator;
 pub mod config;
 pub mod device;
 pub mod evaluation;
