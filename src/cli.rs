@@ -26,9 +26,12 @@ pub enum Command {
     /// Fit a joint reward model to the stored preference rounds (Bradley–Terry), saved in
     /// <run_dir>/reward_model.
     FitRm(TrainArgs),
-    /// Train the agents with RL on the fitted reward model (MAGRPO family), save them to
-    /// <run_dir>/agents.
+    /// Train the agents with RL on the fitted reward model (MAGRPO family, iac, maac), save them
+    /// to <run_dir>/agents.
     TrainMarlhf(TrainArgs),
+    /// Iterative MADPO: num_iterations rounds of comparing the current team with a comparator
+    /// (current, current_copy, model, history, api) and training on the replay selection.
+    Iterate(IterateArgs),
     /// Sample from the agents, score with the task reward only, write a report.
     Eval(EvalArgs),
 }
@@ -50,6 +53,16 @@ pub struct TrainArgs {
     /// Continue from the newest checkpoint (train-madpo: <run_dir>/checkpoints; fit-rm:
     /// <run_dir>/reward_model_training/checkpoints; train-marlhf:
     /// <run_dir>/marlhf_training/checkpoints).
+    #[arg(long)]
+    pub resume: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct IterateArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Continue after the last finished round (<run_dir>/iterate/round_NNNN.json); a round cut
+    /// short is repeated.
     #[arg(long)]
     pub resume: bool,
 }

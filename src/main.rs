@@ -49,7 +49,12 @@ fn init_logging(verbose: u8) {
 fn load_config(args: &CommonArgs, command: &str) -> Result<Option<(Config, RunDir, RunLock)>> {
     let overrides =
         args.set.iter().chain(args.overrides.iter()).map(|s| Override::parse(s)).collect::<Result<Vec<_>, _>>()?;
-    let mut cfg = Config::load(&args.config, &overrides)?;
+    // `iterate` takes the reference's iterative defaults for what the config leaves unset.
+    let mut cfg = if command == "iterate" {
+        Config::load_iterative(&args.config, &overrides)?
+    } else {
+        Config::load(&args.config, &overrides)?
+    };
     if let Some(d) = &args.run_dir {
         cfg.run_dir = d.clone();
     }
@@ -89,6 +94,10 @@ fn run(cli: Cli) -> Result<()> {
             let Some((cfg, run_dir, _lock)) = load_config(&args.common, "train-marlhf")? else { return Ok(()) };
             let opts = pbrl::stages::train_marlhf::TrainOptions { resume: args.resume };
             pbrl::stages::train_marlhf::run(&cfg, &run_dir, &opts)?;
+        }
+        Command::Iterate(args) => {
+            let Some((cfg, run_dir, _lock)) = load_config(&args.common, "iterate")? else { return Ok(()) };
+            pbrl::stages::iterate::run(&cfg, &run_dir, &pbrl::stages::iterate::IterateOptions { resume: args.resume })?;
         }
         Command::Eval(args) => {
             let Some((cfg, run_dir, _lock)) = load_config(&args.common, "eval")? else { return Ok(()) };

@@ -28,6 +28,7 @@ pub mod purpose {
     pub const RL_ROLLOUT: u64 = 10;
     pub const RL_BUFFER: u64 = 11;
     pub const VALUE_HEAD: u64 = 12;
+    pub const COMPARATOR: u64 = 13;
 }
 
 #[cfg(test)]

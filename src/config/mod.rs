@@ -290,6 +290,50 @@ pub struct Config {
     #[serde(deserialize_with = "opt")]
     pub value_head_hidden_dim: Option<i64>,
 
+    // --- iterative training (`pbrl iterate`, reference _IterativePreferenceConfig) -----------
+    /// Set by `Config::load_iterative`: the reference's iterative defaults applied and
+    /// `pair_selection = "comparator_reward"` allowed.
+    #[serde(skip)]
+    pub iterative: bool,
+    pub num_iterations: i64,
+    /// What each round trains: "madpo" (pbrl's; the reference has one class per algorithm).
+    pub algorithm: String,
+    pub comparator_policy: String,
+    #[serde(deserialize_with = "opt")]
+    pub comparator_num_candidates: Option<i64>,
+    #[serde(deserialize_with = "opt")]
+    pub comparator_history_k: Option<i64>,
+    #[serde(deserialize_with = "opt")]
+    pub comparator_model_name: Option<String>,
+    #[serde(deserialize_with = "opt")]
+    pub comparator_agents: Option<Vec<String>>,
+    pub comparator_devices: Option<DeviceSpec>,
+    pub comparator_generation_mode: String,
+    pub comparator_centralized_agent_index: i64,
+    #[serde(deserialize_with = "opt")]
+    pub comparator_api_url: Option<String>,
+    pub comparator_api_format: String,
+    #[serde(deserialize_with = "opt")]
+    pub comparator_api_model: Option<String>,
+    #[serde(deserialize_with = "opt")]
+    pub comparator_api_max_n_per_request: Option<i64>,
+    pub comparator_api_timeout: f64,
+    #[serde(deserialize_with = "opt")]
+    pub comparator_api_headers: Option<std::collections::BTreeMap<String, String>>,
+    /// Discouraged (use `comparator_api_key_env`); never written back (saved configs, logs).
+    #[serde(deserialize_with = "opt", skip_serializing)]
+    pub comparator_api_key: Option<String>,
+    #[serde(deserialize_with = "opt")]
+    pub comparator_api_key_env: Option<String>,
+    pub comparator_api_key_header: String,
+    pub comparator_api_key_prefix: String,
+    #[serde(deserialize_with = "opt")]
+    pub comparator_api_response_field: Option<String>,
+    #[serde(deserialize_with = "opt")]
+    pub comparator_api_extra_body: Option<toml::Table>,
+    /// pbrl's own: tries per API request (the reference tries once).
+    pub comparator_api_max_attempts: i64,
+
     pub task: TaskConfig,
     pub reward: RewardConfig,
 }
@@ -371,6 +415,30 @@ impl Default for Config {
             value_clip_range: Some(0.2),
             critic_value_head_hidden_dim: None,
             value_head_hidden_dim: None,
+            iterative: false,
+            num_iterations: 6,
+            algorithm: "madpo".into(),
+            comparator_policy: "current".into(),
+            comparator_num_candidates: None,
+            comparator_history_k: None,
+            comparator_model_name: None,
+            comparator_agents: None,
+            comparator_devices: None,
+            comparator_generation_mode: "decentralized".into(),
+            comparator_centralized_agent_index: 0,
+            comparator_api_url: None,
+            comparator_api_format: "generic".into(),
+            comparator_api_model: None,
+            comparator_api_max_n_per_request: None,
+            comparator_api_timeout: 120.0,
+            comparator_api_headers: None,
+            comparator_api_key: None,
+            comparator_api_key_env: None,
+            comparator_api_key_header: "Authorization".into(),
+            comparator_api_key_prefix: "Bearer".into(),
+            comparator_api_response_field: Some("completions".into()),
+            comparator_api_extra_body: None,
+            comparator_api_max_attempts: 5,
             task: TaskConfig::default(),
             reward: RewardConfig::default(),
         }
@@ -385,8 +453,22 @@ impl Config {
         Self::from_toml_str(&text, &path.display().to_string(), overrides)
     }
 
+    /// Read a config for `pbrl iterate`: the reference's iterative defaults
+    /// (MADPOIterConfig: `num_train_epochs` 1, `preference_num_candidates` 20,
+    /// `preference_pairs_per_sample` 4, `pair_selection` "comparator_reward") for the keys the
+    /// file and the overrides leave unset.
+    pub fn load_iterative(path: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read config {}: {e}", path.display())))?;
+        Self::parse(&text, &path.display().to_string(), overrides, true)
+    }
+
     /// `origin` names the file in messages.
     pub fn from_toml_str(text: &str, origin: &str, overrides: &[Override]) -> Result<Self, ConfigError> {
+        Self::parse(text, origin, overrides, false)
+    }
+
+    fn parse(text: &str, origin: &str, overrides: &[Override], iterative: bool) -> Result<Self, ConfigError> {
         let mut table: toml::Table = toml::from_str(text).map_err(|e| {
             let line = e.span().map(|s| format!(" line {}", line_of(text, s.start))).unwrap_or_default();
             ConfigError(format!("{origin}{line}: {}", e.message()))
@@ -394,9 +476,20 @@ impl Config {
         for o in overrides {
             o.apply(&mut table)?;
         }
+        if iterative {
+            for (key, value) in [
+                ("num_train_epochs", toml::Value::Integer(1)),
+                ("preference_num_candidates", toml::Value::Integer(20)),
+                ("preference_pairs_per_sample", toml::Value::Integer(4)),
+                ("pair_selection", toml::Value::String("comparator_reward".into())),
+            ] {
+                table.entry(key).or_insert(value);
+            }
+        }
         reject_non_finite("", &table, text, origin, overrides)?;
         let mut cfg: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
             .map_err(|e| describe_de_error(&e, text, origin, overrides))?;
+        cfg.iterative = iterative;
         cfg.normalize_and_validate().map_err(|e| {
             // Blame the command line when the message is about a key an override set.
             let from =

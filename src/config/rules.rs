@@ -128,8 +128,14 @@ impl Config {
             return err("environment_steps_per_pair must be >= 1.");
         }
         self.pair_selection = self.pair_selection.trim().to_lowercase();
-        if !matches!(self.pair_selection.as_str(), "reward_gap" | "all" | "random") {
-            return err("pair_selection must be one of: reward_gap, all, random.");
+        if self.iterative && self.pair_selection == "comparator_reward" {
+            // the iterative trainers' own mode (reference §5.2)
+        } else if !matches!(self.pair_selection.as_str(), "reward_gap" | "all" | "random") {
+            return err(if self.iterative {
+                "pair_selection must be one of: reward_gap, all, random, comparator_reward."
+            } else {
+                "pair_selection must be one of: reward_gap, all, random."
+            });
         }
         if self.pair_selection == "all" && self.preference_pairs_per_sample.is_some() {
             return err("preference_pairs_per_sample must be null when pair_selection='all'.");
@@ -237,7 +243,104 @@ impl Config {
         if !(0.0..1.0).contains(&self.reward_eval_fraction) {
             return err("reward_eval_fraction must be in [0, 1) (0 holds no pairs out).");
         }
-        self.validate_critics()
+        self.validate_critics()?;
+        self.validate_iterative()
+    }
+
+    /// The iterative keys (reference `_validate_iterative_config`, §2.3): the comparator's
+    /// policy and generation mode with their aliases, and which keys each policy takes.
+    fn validate_iterative(&mut self) -> Result<(), ConfigError> {
+        if self.num_iterations < 1 {
+            return err("num_iterations must be >= 1.");
+        }
+        self.algorithm = self.algorithm.trim().to_lowercase();
+        if !matches!(self.algorithm.as_str(), "madpo" | "marlhf") {
+            return err("algorithm must be one of: madpo, marlhf.");
+        }
+        self.comparator_policy = match self.comparator_policy.trim().to_lowercase().as_str() {
+            "current" | "self" | "online" => "current",
+            "current_copy" | "copy" | "online_copy" | "current-offload" | "current_offload" => "current_copy",
+            "model" | "external" | "comparator" | "reference" | "ref" => "model",
+            "history" | "checkpoint" | "previous" | "previous_iteration" => "history",
+            "api" | "http" | "endpoint" => "api",
+            _ => return err("comparator_policy must be one of: current, current_copy, model, history, api."),
+        }
+        .to_string();
+        self.comparator_generation_mode = match self.comparator_generation_mode.trim().to_lowercase().as_str() {
+            "decentralized" | "decentralised" | "multi_agent" | "multi-agent" => "decentralized",
+            "centralized" | "centralised" | "single_agent" | "single-agent" => "centralized",
+            _ => return err("comparator_generation_mode must be one of: decentralized, centralized."),
+        }
+        .to_string();
+        if self.collaboration_mode == "centralized" {
+            if self.comparator_centralized_agent_index != 0 {
+                return err("Centralized collaboration has only actor index 0.");
+            }
+            self.comparator_generation_mode = "centralized".into();
+        }
+        if self.comparator_centralized_agent_index < 0 || self.comparator_centralized_agent_index >= self.num_agents {
+            return err("comparator_centralized_agent_index must be in [0, num_agents).");
+        }
+        if self.comparator_num_candidates.is_some_and(|n| n < 1) {
+            return err("comparator_num_candidates must be null or >= 1.");
+        }
+        if self.comparator_api_max_n_per_request.is_some_and(|n| n < 1) {
+            return err("comparator_api_max_n_per_request must be null or >= 1.");
+        }
+        if !(self.comparator_api_timeout > 0.0 && self.comparator_api_timeout.is_finite()) {
+            return err("comparator_api_timeout must be a positive number of seconds.");
+        }
+        if self.comparator_api_max_attempts < 1 {
+            return err("comparator_api_max_attempts must be >= 1.");
+        }
+        let has_model = self.comparator_model_name.is_some() || self.comparator_agents.is_some();
+        match self.comparator_policy.as_str() {
+            "model" => {
+                if !has_model {
+                    return err("comparator_policy='model' needs comparator_model_name or comparator_agents.");
+                }
+                if self.comparator_history_k.is_some() {
+                    return err("comparator_history_k is only valid when comparator_policy='history'.");
+                }
+            }
+            "history" => {
+                let k = *self.comparator_history_k.get_or_insert(1);
+                if k < 1 {
+                    return err("comparator_history_k must be >= 1.");
+                }
+                if has_model {
+                    return err(
+                        "comparator_model_name and comparator_agents are only valid when comparator_policy='model'.",
+                    );
+                }
+            }
+            policy => {
+                if self.comparator_history_k.is_some() {
+                    return err("comparator_history_k is only valid when comparator_policy='history'.");
+                }
+                if has_model {
+                    return err(
+                        "comparator_model_name and comparator_agents are only valid when comparator_policy='model'.",
+                    );
+                }
+                if policy == "api" && self.comparator_api_url.is_none() {
+                    return err("comparator_policy='api' requires comparator_api_url.");
+                }
+            }
+        }
+        if let Some(a) = &self.comparator_agents {
+            if a.len() != self.num_actors() {
+                return err(format!(
+                    "comparator_agents lists {} models but there are {} actors",
+                    a.len(),
+                    self.num_actors()
+                ));
+            }
+        }
+        if self.comparator_devices.is_some() {
+            DeviceSpec::resolve(self.comparator_devices.as_ref(), self.num_actors(), "comparator_devices")?;
+        }
+        Ok(())
     }
 
     /// The actor-critic keys (reference MARLHFConfig, §2.2).

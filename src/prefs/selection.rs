@@ -11,6 +11,9 @@ pub enum PairSelection {
     All,
     /// A seeded shuffle.
     Random,
+    /// Iterative rounds only: the comparator's highest-scored candidates first, then the largest
+    /// gap (reference §5.2).
+    ComparatorReward,
 }
 
 impl PairSelection {
@@ -19,6 +22,7 @@ impl PairSelection {
             "reward_gap" => Some(Self::RewardGap),
             "all" => Some(Self::All),
             "random" => Some(Self::Random),
+            "comparator_reward" => Some(Self::ComparatorReward),
             _ => None,
         }
     }
@@ -44,7 +48,8 @@ pub fn select_pairs(
     match mode {
         PairSelection::Random => cand.shuffle(rng),
         PairSelection::All => {} // generated in (i, j) order already
-        PairSelection::RewardGap => cand.sort_by(|a, b| b.0.total_cmp(&a.0)), // stable
+        // (collect refuses comparator_reward: a round of one team has no comparator)
+        PairSelection::RewardGap | PairSelection::ComparatorReward => cand.sort_by(|a, b| b.0.total_cmp(&a.0)), // stable
     }
     if mode != PairSelection::All {
         if let Some(k) = per_sample {
@@ -52,6 +57,48 @@ pub fn select_pairs(
         }
     }
     cand.into_iter().map(|(_, i, j)| (i, j)).collect()
+}
+
+/// Which side won a comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Winner {
+    Current,
+    Comparator,
+}
+
+/// An iterative round's comparisons of one item (reference §5.2): candidate `idx` of the current
+/// team against candidate `idx` of the comparator (the same index only), either side winning on
+/// a strictly positive gap of the processed scores; ordered by `mode` (`ComparatorReward`: by the
+/// comparator's score, then the gap, both descending; `RewardGap`: by the gap; `All`: by index;
+/// `Random`: a seeded shuffle) and cut to `per_sample` (except `All`). Returns (index, winner).
+pub fn select_comparison_pairs(
+    current: &[f64],
+    comparator: &[f64],
+    mode: PairSelection,
+    per_sample: Option<usize>,
+    rng: &mut impl Rng,
+) -> Vec<(usize, Winner)> {
+    let mut cand: Vec<(f64, f64, usize, Winner)> = Vec::new();
+    for (idx, (&c, &m)) in current.iter().zip(comparator).enumerate() {
+        let gap = c - m;
+        if gap > 0.0 {
+            cand.push((gap, m, idx, Winner::Current));
+        } else if gap < 0.0 {
+            cand.push((-gap, m, idx, Winner::Comparator));
+        }
+    }
+    match mode {
+        PairSelection::Random => cand.shuffle(rng),
+        PairSelection::All => {}
+        PairSelection::RewardGap => cand.sort_by(|a, b| b.0.total_cmp(&a.0)),
+        PairSelection::ComparatorReward => cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.0.total_cmp(&a.0))),
+    }
+    if mode != PairSelection::All {
+        if let Some(k) = per_sample {
+            cand.truncate(k);
+        }
+    }
+    cand.into_iter().map(|(_, _, idx, w)| (idx, w)).collect()
 }
 
 #[cfg(test)]
@@ -78,6 +125,24 @@ mod tests {
         assert_eq!(p, vec![(0, 2), (3, 2), (0, 1), (1, 2), (3, 1)]);
         let p = select_pairs(&scores, PairSelection::RewardGap, Some(3), &mut rng(0));
         assert_eq!(p, vec![(0, 2), (3, 2), (0, 1)]);
+    }
+
+    #[test]
+    fn comparisons_are_by_index_either_side_winning() {
+        use Winner::*;
+        let cur = [0.5, 0.2, 0.9, 0.4];
+        let cmp = [0.1, 0.6, 0.9, 0.3];
+        // gaps: 0 → +0.4 (current), 1 → −0.4 (comparator), 2 tie, 3 → +0.1 (current)
+        let all = select_comparison_pairs(&cur, &cmp, PairSelection::All, Some(1), &mut rng(0));
+        assert_eq!(all, vec![(0, Current), (1, Comparator), (3, Current)]);
+        // comparator_reward: the comparator's score first (0.6, 0.3, 0.1)
+        let by_cmp = select_comparison_pairs(&cur, &cmp, PairSelection::ComparatorReward, Some(2), &mut rng(0));
+        assert_eq!(by_cmp, vec![(1, Comparator), (3, Current)]);
+        // reward_gap: a stable sort by the gap (0.4, 0.4, 0.1)
+        let by_gap = select_comparison_pairs(&cur, &cmp, PairSelection::RewardGap, None, &mut rng(0));
+        assert_eq!(by_gap, vec![(0, Current), (1, Comparator), (3, Current)]);
+        // only common indices count
+        assert_eq!(select_comparison_pairs(&[1.0, 1.0], &[0.0], PairSelection::All, None, &mut rng(0)).len(), 1);
     }
 
     #[test]

@@ -1,0 +1,605 @@
+//! `pbrl iterate`: iterative MADPO (reference §8): `num_iterations` rounds, each comparing the
+//! current team with a comparator on every train item, then training on the replay selection.
+//!
+//! Before round 1: the base team evaluated (round 0 of the plot). Round ν:
+//! 1. the current team samples `preference_num_candidates` joint responses per item, the
+//!    comparator `comparator_num_candidates` (default the same): `current` (the same agents
+//!    under their own seeded stream), `current_copy` (the agents as they are, copied onto
+//!    `comparator_devices`), `model` (`comparator_agents` / `comparator_model_name`), `history`
+//!    (the team `comparator_history_k` rounds back, the base models before there is one; the
+//!    snapshots are kept in `policy_checkpoints/`), or `api` (an HTTP endpoint,
+//!    `comparator::api`);
+//! 2. the task reward scores both sides; candidate idx of one side meets candidate idx of the
+//!    other (never across indices), either side winning, ordered by `pair_selection` (default
+//!    `comparator_reward`) and cut to `preference_pairs_per_sample`; the round file
+//!    `iteration_ν.json` is written whole (with the raw rewards of both sides);
+//! 3. `train-madpo` on the replay selection (`preference_replay_mode`), `num_train_epochs`;
+//! 4. the team saved as `policy_checkpoints/iteration_{ν−1}`; evaluated with the task reward;
+//!    `iter/*` metrics, `iterate/round_ν.json`, the plot `iterate/eval_reward.svg`, and with
+//!    `log_reward_distribution` both sides' reward histograms.
+//!
+//! `--resume` continues after the last finished round (`iterate/round_ν.json` marks it); a round
+//! cut short is repeated from the team the previous round left, so its pairs and agents are the
+//! ones an uninterrupted run makes. A run directory that holds rounds is never reused without
+//! `--resume`, and resuming under another config is refused (the number of rounds may grow).
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::comparator::api::{ApiComparator, ApiFormat, ApiKey, ApiSettings, RequestSampling, RetryPolicy};
+use crate::config::{Config, DeviceSpec};
+use crate::device::parse_device;
+use crate::model::LoadedModel;
+use crate::prefs::distribution::{histogram, svg, NUM_BINS};
+use crate::prefs::selection::{select_comparison_pairs, PairSelection, Winner};
+use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
+use crate::progress;
+use crate::rng::{derive_seed, purpose};
+use crate::run::fingerprint::Fingerprint;
+use crate::run::team::{copy_team, saved_team};
+use crate::run::{atomic_write, RunDir};
+use crate::task::reward::build_reward;
+use crate::task::split::train_items;
+use crate::task::{render_template, TaskItem};
+use crate::team::collab::Collaboration;
+use crate::team::rollout::{rollout, Rollout};
+use crate::team::{check_fits, load_team, Agent, Members};
+
+pub struct IterateOptions {
+    pub resume: bool,
+}
+
+/// `iterate/round_NNNN.json`: what a finished round did (its existence marks it finished).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RoundSummary {
+    pub round: u32,
+    pub pairs: usize,
+    pub current_wins: usize,
+    pub comparator_wins: usize,
+    /// Mean raw task reward of each side's candidates (none for round 0).
+    pub current_reward_mean: Option<f64>,
+    pub comparator_reward_mean: Option<f64>,
+    pub train_pairs: usize,
+    pub eval_reward_mean: Option<f64>,
+    pub eval_reward_stderr: Option<f64>,
+    pub collect_s: f64,
+    pub train_s: f64,
+    pub eval_s: f64,
+}
+
+fn state_dir(run_dir: &RunDir) -> PathBuf {
+    run_dir.root.join("iterate")
+}
+
+fn summary_path(run_dir: &RunDir, round: u32) -> PathBuf {
+    state_dir(run_dir).join(format!("round_{round:04}.json"))
+}
+
+fn snapshot_dir(run_dir: &RunDir, label: usize) -> PathBuf {
+    run_dir.root.join("policy_checkpoints").join(format!("iteration_{label:04}"))
+}
+
+/// Who the current team is compared with in one round.
+enum Comparator<'a> {
+    /// Sampled from a team (the current one, a copy, other models or a snapshot).
+    Team(TeamRef<'a>),
+    Api(Box<ApiComparator>),
+}
+
+enum TeamRef<'a> {
+    Current(&'a [Agent]),
+    Loaded(Vec<Agent>),
+}
+
+impl TeamRef<'_> {
+    fn agents(&self) -> &[Agent] {
+        match self {
+            TeamRef::Current(t) => t,
+            TeamRef::Loaded(t) => t,
+        }
+    }
+}
+
+pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> {
+    if cfg.algorithm != "madpo" {
+        bail!(
+            "algorithm = \"{}\": pbrl iterate runs MADPO rounds; for MARLHF run collect, fit-rm and train-marlhf per \
+             round, or set algorithm = \"madpo\"",
+            cfg.algorithm
+        );
+    }
+    if cfg.comparator_generation_mode == "centralized" && cfg.collaboration_mode != "centralized" {
+        bail!(
+            "comparator_generation_mode = \"centralized\" with decentralized agents: pbrl iterate compares \
+             decentralized teams with decentralized comparators; set comparator_generation_mode = \"decentralized\""
+        );
+    }
+    if cfg.comparator_policy == "api" && cfg.collaboration_mode == "centralized" {
+        bail!("comparator_policy = \"api\" with a centralized actor: choose a model-based comparator_policy");
+    }
+    let state = state_dir(run_dir);
+    let fingerprint = iterate_fingerprint(cfg)?;
+    let fingerprint_path = state.join("fingerprint.json");
+    if opts.resume {
+        let saved: Fingerprint = serde_json::from_slice(
+            &std::fs::read(&fingerprint_path)
+                .with_context(|| format!("--resume: {} holds no iterate run", run_dir.root.display()))?,
+        )
+        .with_context(|| format!("{}: not a pbrl fingerprint", fingerprint_path.display()))?;
+        let changed = saved.differences(&fingerprint);
+        if !changed.is_empty() {
+            bail!("--resume: the run was started under a different setup ({})", changed.join("; "));
+        }
+    } else {
+        if state.exists() || run_dir.agents().exists() || !existing_rounds(&cfg.replay_dir())?.is_empty() {
+            bail!(
+                "{} already holds rounds or trained agents; pass --resume to continue an iterate run there, or \
+                 choose another run_dir",
+                run_dir.root.display()
+            );
+        }
+        atomic_write(&fingerprint_path, &serde_json::to_vec_pretty(&fingerprint)?)?;
+    }
+    let items = train_items(cfg)?;
+    if items.is_empty() {
+        bail!("no train items to compare on");
+    }
+    let started = std::time::Instant::now();
+    if !summary_path(run_dir, 0).exists() {
+        let eval = evaluate_round(cfg, run_dir)?;
+        let summary = RoundSummary {
+            round: 0,
+            pairs: 0,
+            current_wins: 0,
+            comparator_wins: 0,
+            current_reward_mean: None,
+            comparator_reward_mean: None,
+            train_pairs: 0,
+            eval_reward_mean: eval.map(|e| e.0),
+            eval_reward_stderr: eval.map(|e| e.1),
+            collect_s: 0.0,
+            train_s: 0.0,
+            eval_s: eval.map_or(0.0, |e| e.2),
+        };
+        finish_round(cfg, run_dir, &summary)?;
+    }
+    let mut restored = !opts.resume;
+    for round in 1..=cfg.num_iterations as u32 {
+        if summary_path(run_dir, round).exists() {
+            continue;
+        }
+        // A round cut short starts again from the team the previous round left.
+        if !restored {
+            restore_round_input(cfg, run_dir, round)?;
+            restored = true;
+        }
+        let t = std::time::Instant::now();
+        let path = round_path(&cfg.replay_dir(), round);
+        let stats = if path.exists() {
+            RoundFile::load(&path)?;
+            round_stats_from_file(&path)?
+        } else {
+            compare_round(cfg, run_dir, round, &items)?
+        };
+        let collect_s = t.elapsed().as_secs_f64();
+        let t = std::time::Instant::now();
+        let resume_training = crate::run::checkpoint::list(&run_dir.root)?.last().is_some()
+            && crate::run::checkpoint::finished(&run_dir.root)?.is_none();
+        let report =
+            super::train_madpo::run(cfg, run_dir, &super::train_madpo::TrainOptions { resume: resume_training })?;
+        let train_s = t.elapsed().as_secs_f64();
+        save_snapshot(cfg, run_dir, round)?;
+        let eval = evaluate_round(cfg, run_dir)?;
+        let summary = RoundSummary {
+            round,
+            pairs: stats.pairs,
+            current_wins: stats.current_wins,
+            comparator_wins: stats.comparator_wins,
+            current_reward_mean: Some(stats.current_mean),
+            comparator_reward_mean: Some(stats.comparator_mean),
+            train_pairs: report.num_pairs,
+            eval_reward_mean: eval.map(|e| e.0),
+            eval_reward_stderr: eval.map(|e| e.1),
+            collect_s,
+            train_s,
+            eval_s: eval.map_or(0.0, |e| e.2),
+        };
+        finish_round(cfg, run_dir, &summary)?;
+        println!(
+            "round {round}: {} pairs (current won {}, comparator {}), trained on {}; eval reward {}",
+            stats.pairs,
+            stats.current_wins,
+            stats.comparator_wins,
+            report.num_pairs,
+            eval.map_or("not evaluated".into(), |e| format!("{:.4} ± {:.4}", e.0, e.1))
+        );
+    }
+    println!(
+        "{} rounds in {:.1} s; plot: {}",
+        cfg.num_iterations,
+        started.elapsed().as_secs_f64(),
+        state.join("eval_reward.svg").display()
+    );
+    Ok(())
+}
+
+/// The setup a resumed run must share (every key but the number of rounds, which may grow).
+fn iterate_fingerprint(cfg: &Config) -> Result<Fingerprint> {
+    let mut f = Fingerprint::of_training(cfg, &[], &cfg.agent_sources()?)?;
+    f.0.retain(|k, _| k != "num_iterations");
+    Ok(f)
+}
+
+/// Put back the team round `round` starts from: the previous round's snapshot, or for round 1
+/// the base models (an `agents/` left by a round-1 training cut short is removed).
+fn restore_round_input(cfg: &Config, run_dir: &RunDir, round: u32) -> Result<()> {
+    if round == 1 {
+        if run_dir.agents().exists() {
+            std::fs::remove_dir_all(run_dir.agents())
+                .with_context(|| format!("removing {} of the interrupted round 1", run_dir.agents().display()))?;
+        }
+        return Ok(());
+    }
+    let previous = snapshot_dir(run_dir, round as usize - 2);
+    if saved_team(&previous, cfg.num_actors())?.is_none() {
+        bail!("--resume: {} (the team round {round} starts from) is missing", previous.display());
+    }
+    copy_team(&previous, &run_dir.agents())
+}
+
+/// Keep the team as `policy_checkpoints/iteration_{round−1}`, and only the snapshots a later
+/// round can still need: this round's input until its summary is written (a resume repeats the
+/// round from it), and for `history` the last k.
+fn save_snapshot(cfg: &Config, run_dir: &RunDir, round: u32) -> Result<()> {
+    let label = round as usize - 1;
+    copy_team(&run_dir.agents(), &snapshot_dir(run_dir, label))?;
+    let mut keep_from = label.saturating_sub(1);
+    if let (Some(k), "history") = (cfg.comparator_history_k, cfg.comparator_policy.as_str()) {
+        keep_from = keep_from.min((label + 1).saturating_sub(k as usize));
+    }
+    let root = run_dir.root.join("policy_checkpoints");
+    for e in std::fs::read_dir(&root).with_context(|| format!("reading {}", root.display()))? {
+        let name = e?.file_name().to_string_lossy().to_string();
+        let Some(j) = name.strip_prefix("iteration_").and_then(|n| n.parse::<usize>().ok()) else { continue };
+        if j < keep_from {
+            std::fs::remove_dir_all(root.join(&name))
+                .with_context(|| format!("pruning {}", root.join(&name).display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The current team's evaluation (mean, standard error, seconds), when there are eval items.
+fn evaluate_round(cfg: &Config, run_dir: &RunDir) -> Result<Option<(f64, f64, f64)>> {
+    if cfg.eval_num_samples == 0 || cfg.task.eval_file.is_none() {
+        return Ok(None);
+    }
+    let t = std::time::Instant::now();
+    let report = super::eval::run(cfg, run_dir, &Members::Current)?;
+    let stderr = eval_stderr(&report.path)?;
+    Ok(Some((report.reward_mean, stderr, t.elapsed().as_secs_f64())))
+}
+
+fn eval_stderr(report: &Path) -> Result<f64> {
+    let v: Value = serde_json::from_slice(&std::fs::read(report)?)?;
+    Ok(v["metrics"]["eval/turn_1/reward_stderr"].as_f64().unwrap_or(f64::NAN))
+}
+
+/// Write the round's summary (marking it finished), its metrics line and the plot.
+fn finish_round(cfg: &Config, run_dir: &RunDir, s: &RoundSummary) -> Result<()> {
+    let dir = state_dir(run_dir);
+    run_dir.log_metrics(&json!({
+        "stage": "iterate", "time": chrono::Utc::now().to_rfc3339(),
+        "iter/current_iteration": s.round, "iter/current_preference_pairs": s.pairs,
+        "iter/total_preference_pairs": total_pairs(cfg)?, "iter/train_preference_pairs": s.train_pairs,
+        "iter/current_wins": s.current_wins, "iter/comparator_wins": s.comparator_wins,
+        "iter/current_reward_mean": s.current_reward_mean, "iter/comparator_reward_mean": s.comparator_reward_mean,
+        "iter/eval_reward_mean": s.eval_reward_mean, "iter/eval_reward_stderr": s.eval_reward_stderr,
+        "iter/round_s": s.collect_s + s.train_s + s.eval_s,
+    }))?;
+    atomic_write(&summary_path(run_dir, s.round), &serde_json::to_vec_pretty(s)?)?;
+    let mut points = Vec::new();
+    for round in 0..=s.round {
+        if let Ok(bytes) = std::fs::read(summary_path(run_dir, round)) {
+            let r: RoundSummary = serde_json::from_slice(&bytes)?;
+            if let Some(m) = r.eval_reward_mean {
+                points.push((round as f64, m));
+            }
+        }
+    }
+    let panel = crate::plot::Panel { title: "eval reward (mean)".into(), series: vec![("reward".into(), points)] };
+    let title = format!("pbrl iterate: {}", run_dir.root.display());
+    atomic_write(&dir.join("eval_reward.svg"), crate::plot::line_panels(&title, "round", &[panel]).as_bytes())
+}
+
+fn total_pairs(cfg: &Config) -> Result<usize> {
+    let dir = cfg.replay_dir();
+    existing_rounds(&dir)?.iter().map(|&n| Ok(RoundFile::load(&round_path(&dir, n))?.num_pairs)).sum()
+}
+
+/// What a round's comparisons gave.
+struct RoundStats {
+    pairs: usize,
+    current_wins: usize,
+    comparator_wins: usize,
+    current_mean: f64,
+    comparator_mean: f64,
+}
+
+/// The statistics of a round file written before a cut-short round was resumed.
+fn round_stats_from_file(path: &Path) -> Result<RoundStats> {
+    let r = RoundFile::load(path)?;
+    let current_wins = r
+        .pairs
+        .iter()
+        .filter(|p| p.target_raw_reward.zip(p.raw_rewards.as_ref()).is_some_and(|(t, w)| w[0] == t))
+        .count();
+    let mean = |f: &dyn Fn(&PreferencePair) -> Option<f64>| {
+        let v: Vec<f64> = r.pairs.iter().filter_map(f).collect();
+        v.iter().sum::<f64>() / v.len().max(1) as f64
+    };
+    Ok(RoundStats {
+        pairs: r.num_pairs,
+        current_wins,
+        comparator_wins: r.num_pairs - current_wins,
+        current_mean: mean(&|p| p.target_raw_reward),
+        comparator_mean: mean(&|p| p.comparator_raw_reward),
+    })
+}
+
+/// Round `round`'s comparisons over every train item, written as its round file.
+fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, TaskItem)]) -> Result<RoundStats> {
+    let team = load_team(cfg, run_dir)?;
+    let n_cur = cfg.preference_num_candidates as usize;
+    let n_cmp = cfg.comparator_num_candidates.map_or(n_cur, |n| n as usize);
+    let batch_items = cfg.collect_batch_size as usize;
+    let rows = batch_items.saturating_mul(n_cur.max(n_cmp));
+    let item_list: Vec<TaskItem> = items.iter().map(|(_, it)| it.clone()).collect();
+    check_fits(&team, &item_list, cfg.max_new_tokens as usize, (rows, "collect_batch_size × candidates"), "train")?;
+    let comparator = build_comparator(cfg, run_dir, round, &team)?;
+    let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
+    let collab = Collaboration::from_config(cfg);
+    let mode = PairSelection::parse(&cfg.pair_selection).expect("validated pair_selection");
+    let per_sample = cfg.preference_pairs_per_sample.map(|k| k as usize);
+    let params = cfg.sampling();
+    let bar = progress::bar(items.len() as u64, "iterate: compare");
+    let (mut pairs, mut raw_cur, mut raw_cmp, mut sel_cur, mut sel_cmp) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut current_wins = 0;
+    for (b, batch) in items.chunks(batch_items).enumerate() {
+        let first = b * batch_items;
+        let batch_items: Vec<TaskItem> = batch.iter().map(|(_, it)| it.clone()).collect();
+        let index = |j: usize| items[first + j].0 as u64;
+        let seed = |p: u64| {
+            move |j: usize, a: usize, k: usize| derive_seed(cfg.seed, &[p, round as u64, index(j), a as u64, k as u64])
+        };
+        let cur = rollout(&team, &batch_items, n_cur, &params, seed(purpose::COLLECT), |_| {})?;
+        let cmp: Vec<Vec<Vec<String>>> = match &comparator {
+            Comparator::Team(t) => {
+                let out = rollout(t.agents(), &batch_items, n_cmp, &params, seed(purpose::COMPARATOR), |_| {})?;
+                joint_texts(&out, n_cmp)
+            }
+            Comparator::Api(api) => api_texts(cfg, api, &team, &batch_items, n_cmp)?,
+        };
+        for (j, item) in batch_items.iter().enumerate() {
+            let prompts = &cur.prompts[j];
+            let reward_prompts = collab.reward_prompts(item, prompts)?;
+            let mut score = |joints: &[Vec<String>]| -> Result<(Vec<f64>, Vec<f64>)> {
+                let roles: Vec<Vec<String>> = joints.iter().map(|x| collab.role_outputs(x)).collect();
+                let raw = reward.score_batch(item, &reward_prompts, &roles)?;
+                let processed: Vec<f64> = raw.iter().map(|&r| processor.apply(r)).collect();
+                if let Some(bad) = processed.iter().find(|s| !s.is_finite()) {
+                    bail!("the reward of train item {} is not finite ({bad})", index(j));
+                }
+                Ok((raw, processed))
+            };
+            let cur_joints = joint_texts(&cur, n_cur).swap_remove(j);
+            let (rc, pc) = score(&cur_joints)?;
+            let (rm, pm) = score(&cmp[j])?;
+            let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[purpose::PAIRS, round as u64, index(j)]));
+            let all: Vec<f64> = pc.iter().chain(&pm).copied().collect();
+            let mean = all.iter().sum::<f64>() / all.len() as f64;
+            for (idx, winner) in select_comparison_pairs(&pc, &pm, mode, per_sample, &mut rng) {
+                let (w, l, (wr, lr), (wraw, lraw)) = match winner {
+                    Winner::Current => (&cur_joints[idx], &cmp[j][idx], (pc[idx], pm[idx]), (rc[idx], rm[idx])),
+                    Winner::Comparator => (&cmp[j][idx], &cur_joints[idx], (pm[idx], pc[idx]), (rm[idx], rc[idx])),
+                };
+                pairs.push(PreferencePair {
+                    prompts: prompts.clone(),
+                    winner_completions: w.clone(),
+                    loser_completions: l.clone(),
+                    winner_reward: wr,
+                    loser_reward: lr,
+                    candidate_reward_mean: mean,
+                    raw_rewards: Some(vec![wraw, lraw]),
+                    target_raw_reward: Some(rc[idx]),
+                    comparator_raw_reward: Some(rm[idx]),
+                    winner_finished: None,
+                    loser_finished: None,
+                });
+                sel_cur.push(rc[idx]);
+                sel_cmp.push(rm[idx]);
+                current_wins += usize::from(winner == Winner::Current);
+            }
+            raw_cur.extend(rc);
+            raw_cmp.extend(rm);
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    let stats = RoundStats {
+        pairs: pairs.len(),
+        current_wins,
+        comparator_wins: pairs.len() - current_wins,
+        current_mean: raw_cur.iter().sum::<f64>() / raw_cur.len().max(1) as f64,
+        comparator_mean: raw_cmp.iter().sum::<f64>() / raw_cmp.len().max(1) as f64,
+    };
+    RoundFile::new(round, pairs).save_new(&round_path(&cfg.replay_dir(), round))?;
+    if cfg.log_reward_distribution {
+        let [lo, hi] = cfg.reward_range.expect("validated: reward_range is set");
+        write_distributions(run_dir, round, (lo, hi), [&raw_cur, &raw_cmp], [&sel_cur, &sel_cmp])?;
+    }
+    Ok(stats)
+}
+
+/// `[item][candidate]` joint texts (every actor's text of candidate k).
+fn joint_texts(out: &Rollout, n: usize) -> Vec<Vec<Vec<String>>> {
+    (0..out.responses.len()).map(|j| (0..n).map(|k| out.texts(j, k)).collect()).collect()
+}
+
+/// The API's `n` candidates per item: one call per agent with its rendered task prompt (its
+/// `formatters` template, without the chat template: the endpoint applies its own).
+fn api_texts(
+    cfg: &Config,
+    api: &ApiComparator,
+    team: &[Agent],
+    items: &[TaskItem],
+    n: usize,
+) -> Result<Vec<Vec<Vec<String>>>> {
+    let sampling = RequestSampling {
+        max_new_tokens: cfg.max_new_tokens as usize,
+        temperature: cfg.temperature,
+        top_p: cfg.top_p,
+        top_k: cfg.top_k.map(|k| k as usize),
+    };
+    let templates = &cfg.task.formatters;
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let mut per_agent = Vec::with_capacity(team.len());
+        for a in 0..team.len() {
+            let prompt = render_template(&templates[if templates.len() == 1 { 0 } else { a }], item)?;
+            let item_json = serde_json::to_value(item)?;
+            let mut texts = api.complete(&prompt, a, &item_json, n, sampling)?;
+            texts.resize(n, String::new());
+            per_agent.push(texts);
+        }
+        out.push((0..n).map(|k| per_agent.iter().map(|t| t[k].clone()).collect()).collect());
+    }
+    Ok(out)
+}
+
+/// The comparator of round `round`.
+fn build_comparator<'a>(cfg: &Config, run_dir: &RunDir, round: u32, team: &'a [Agent]) -> Result<Comparator<'a>> {
+    let devices = match &cfg.comparator_devices {
+        Some(spec) => DeviceSpec::resolve(Some(spec), team.len(), "comparator_devices")?,
+        None => DeviceSpec::resolve(cfg.agent_devices.as_ref(), team.len(), "agent_devices")?,
+    };
+    let load = |sources: &[String]| -> Result<Vec<Agent>> {
+        team.iter()
+            .zip(sources)
+            .zip(&devices)
+            .map(|((a, s), d)| {
+                let device = parse_device(d, "comparator_devices")?;
+                let m = LoadedModel::load(s, &device)
+                    .with_context(|| format!("loading comparator `{s}` for agent {}", a.index))?;
+                Ok(a.with_model(m, device))
+            })
+            .collect()
+    };
+    let agent_devices = DeviceSpec::resolve(cfg.agent_devices.as_ref(), team.len(), "agent_devices")?;
+    Ok(match cfg.comparator_policy.as_str() {
+        "current" => Comparator::Team(TeamRef::Current(team)),
+        "current_copy" if devices == agent_devices => Comparator::Team(TeamRef::Current(team)),
+        "current_copy" => {
+            let sources = match saved_team(&run_dir.agents(), team.len())? {
+                Some(dirs) => dirs.iter().map(|d| d.display().to_string()).collect(),
+                None => cfg.agent_sources()?,
+            };
+            Comparator::Team(TeamRef::Loaded(load(&sources)?))
+        }
+        "model" => {
+            let sources = match (&cfg.comparator_agents, &cfg.comparator_model_name) {
+                (Some(a), _) => a.clone(),
+                (None, Some(m)) => vec![m.clone(); team.len()],
+                (None, None) => unreachable!("validated: the model policy names its models"),
+            };
+            Comparator::Team(TeamRef::Loaded(load(&sources)?))
+        }
+        "history" => {
+            let k = cfg.comparator_history_k.expect("validated: history has k");
+            let target = round as i64 - 1 - k;
+            let snapshot = (0..=target.max(-1))
+                .rev()
+                .filter(|&j| j >= 0)
+                .map(|j| snapshot_dir(run_dir, j as usize))
+                .find(|d| d.join("team.json").is_file());
+            let sources = match snapshot.map(|d| saved_team(&d, team.len())).transpose()?.flatten() {
+                Some(dirs) => dirs.iter().map(|d| d.display().to_string()).collect(),
+                None => cfg.agent_sources()?, // the initial policy: the base models
+            };
+            Comparator::Team(TeamRef::Loaded(load(&sources)?))
+        }
+        "api" => Comparator::Api(Box::new(ApiComparator::new(api_settings(cfg)?))),
+        other => bail!("comparator_policy = \"{other}\" is not a comparator pbrl knows"),
+    })
+}
+
+/// The API comparator's settings; the key from `comparator_api_key_env` (or the discouraged
+/// `comparator_api_key`), never shown.
+fn api_settings(cfg: &Config) -> Result<ApiSettings> {
+    let key = match (&cfg.comparator_api_key, &cfg.comparator_api_key_env) {
+        (Some(k), _) => {
+            tracing::warn!("comparator_api_key is set in the config; prefer comparator_api_key_env");
+            ApiKey::new(k.clone())
+        }
+        (None, Some(var)) => {
+            let k = std::env::var(var)
+                .with_context(|| format!("comparator_api_key_env = \"{var}\": the environment variable is not set"))?;
+            Some(ApiKey::new(k).with_context(|| format!("the environment variable {var} is empty"))?)
+        }
+        (None, None) => None,
+    };
+    let extra_body = match &cfg.comparator_api_extra_body {
+        Some(t) => Some(serde_json::to_value(t)?.as_object().cloned().unwrap_or_default()),
+        None => None,
+    };
+    Ok(ApiSettings {
+        url: cfg.comparator_api_url.clone().expect("validated: the api policy has a url"),
+        format: ApiFormat::parse(&cfg.comparator_api_format)?,
+        model: cfg.comparator_api_model.clone(),
+        max_n_per_request: cfg.comparator_api_max_n_per_request.map(|n| n as usize),
+        timeout: std::time::Duration::from_secs_f64(cfg.comparator_api_timeout),
+        headers: cfg.comparator_api_headers.clone().unwrap_or_default().into_iter().collect(),
+        key,
+        key_header: cfg.comparator_api_key_header.clone(),
+        key_prefix: cfg.comparator_api_key_prefix.clone(),
+        response_field: cfg.comparator_api_response_field.clone(),
+        extra_body,
+        retry: RetryPolicy { max_attempts: cfg.comparator_api_max_attempts as u32, ..RetryPolicy::default() },
+    })
+}
+
+/// Both sides' reward histograms (reference §9's record, with the comparator's series).
+fn write_distributions(
+    run_dir: &RunDir,
+    round: u32,
+    range: (f64, f64),
+    candidates: [&[f64]; 2],
+    selected: [&[f64]; 2],
+) -> Result<()> {
+    let series = |values: &[f64]| {
+        let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+        let mean = (!finite.is_empty()).then(|| finite.iter().sum::<f64>() / finite.len() as f64);
+        let (_, counts) = histogram(&finite, range);
+        json!({"sample_count": finite.len(), "mean": mean, "counts": counts, "raw_rewards": finite})
+    };
+    let (edges, _) = histogram(&[], range);
+    let centers: Vec<f64> = edges.windows(2).map(|w| (w[0] + w[1]) / 2.0).collect();
+    let rec = json!({
+        "iteration": round, "reward_min": range.0, "reward_max": range.1, "num_bins": NUM_BINS,
+        "bin_edges": edges, "bin_centers": centers,
+        "candidate": {"target": series(candidates[0]), "comparator": series(candidates[1])},
+        "selected": {"target": series(selected[0]), "comparator": series(selected[1])},
+    });
+    let dir = run_dir.root.join("reward_distributions");
+    atomic_write(&dir.join(format!("iteration_{round:04}.json")), serde_json::to_string_pretty(&rec)?.as_bytes())?;
+    for (side, values) in [("target", candidates[0]), ("comparator", candidates[1])] {
+        let (_, counts) = histogram(values, range);
+        let title = format!("round {round}: {side} candidate rewards");
+        atomic_write(&dir.join(format!("iteration_{round:04}_{side}.svg")), svg(&title, range, &counts).as_bytes())?;
+    }
+    Ok(())
+}

@@ -1,0 +1,202 @@
+//! `pbrl iterate` end to end on a tiny model: rounds against each comparator source, the round
+//! files and per-round reports, resume (after a finished round and after a round cut short)
+//! giving the same round files and agents as an uninterrupted run, and the refusals.
+mod common;
+
+use common::{ok, pbrl};
+
+use std::path::Path;
+
+use candle_core::DType;
+use pbrl::model::{tiny::tiny_model, Architecture};
+use pbrl::prefs::RoundFile;
+
+fn setup(d: &Path, extra: &str) {
+    tiny_model(Architecture::Llama, true, 51, DType::F32).unwrap().save_hf_dir(&d.join("tiny"), None).unwrap();
+    let items: String = (0..4).map(|i| format!("{{\"prompt\": \"w{i} w{} w7\"}}\n", i + 3)).collect();
+    std::fs::write(d.join("train.jsonl"), &items).unwrap();
+    std::fs::write(d.join("eval.jsonl"), &items).unwrap();
+    let cfg = format!(
+        "agent_model = \"{}\"\nrun_dir = \"run\"\nseed = 7\nmax_new_tokens = 5\ntemperature = 1.0\ntop_p = 1.0\n\
+         preference_num_candidates = 4\neval_interval = 0\neval_num_samples = 4\nagent_learning_rate = 1e-3\n\
+         train_batch_size = 2\n{extra}\n\
+         [task]\ntrain_file = \"train.jsonl\"\neval_file = \"eval.jsonl\"\nformatters = [\"{{prompt}}\", \"{{prompt}} w9\"]\n\
+         chat_template = false\n",
+        d.join("tiny").display()
+    );
+    std::fs::write(d.join("c.toml"), cfg).unwrap();
+}
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+fn bytes(d: &Path, p: &str) -> Vec<u8> {
+    std::fs::read(d.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"))
+}
+
+#[test]
+fn three_rounds_against_the_current_team_then_an_exact_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_iterations = 3");
+    let o = ok(pbrl(&["iterate", "--config", "c.toml"], d));
+    assert!(stdout(&o).contains("3 rounds in"), "{}", stdout(&o));
+    for r in 1..=3u32 {
+        let round = RoundFile::load(&d.join(format!("run/preference_replay/iteration_{r:04}.json"))).unwrap();
+        assert_eq!(round.iteration, r);
+        assert!(round.num_pairs > 0 && round.num_pairs <= 4 * 4, "round {r}: {} pairs", round.num_pairs);
+        for p in &round.pairs {
+            let raw = p.raw_rewards.as_ref().unwrap();
+            let (t, c) = (p.target_raw_reward.unwrap(), p.comparator_raw_reward.unwrap());
+            assert!(raw[0] > raw[1] && (raw == &[t, c] || raw == &[c, t]), "{p:?}");
+        }
+        assert!(d.join(format!("run/iterate/round_{r:04}.json")).is_file());
+    }
+    assert!(d.join("run/iterate/round_0000.json").is_file(), "the base evaluation");
+    assert!(d.join("run/iterate/eval_reward.svg").is_file());
+    let evals = common::metric_values(&d.join("run"), "iter/eval_reward_mean");
+    assert_eq!(evals.len(), 4, "rounds 0-3");
+    assert_eq!(common::metric_values(&d.join("run"), "iter/current_preference_pairs").len(), 4);
+    assert_ne!(bytes(d, "run/agents/agent_0/model.safetensors"), bytes(d, "tiny/model.safetensors"));
+
+    // The same run in steps: one round, then a resume to three, with round 2 cut short (its
+    // training done and snapshot saved, its summary not written).
+    ok(pbrl(&["iterate", "--config", "c.toml", "--run-dir", "b", "num_iterations=2"], d));
+    std::fs::remove_file(d.join("b/iterate/round_0002.json")).unwrap();
+    let o = ok(pbrl(&["iterate", "--config", "c.toml", "--run-dir", "b", "--resume", "num_iterations=3"], d));
+    assert!(stdout(&o).contains("round 2:") && !stdout(&o).contains("round 1:"), "{}", stdout(&o));
+    for r in 1..=3 {
+        let p = format!("preference_replay/iteration_{r:04}.json");
+        assert!(bytes(d, &format!("run/{p}")) == bytes(d, &format!("b/{p}")), "round {r} differs after resume");
+    }
+    for a in 0..2 {
+        let p = format!("agents/agent_{a}/model.safetensors");
+        assert!(bytes(d, &format!("run/{p}")) == bytes(d, &format!("b/{p}")), "agent {a} differs after resume");
+    }
+
+    // Refusals: a fresh run over this one, a resume under another setup.
+    let o = pbrl(&["iterate", "--config", "c.toml"], d);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("pass --resume"));
+    let o = pbrl(&["iterate", "--config", "c.toml", "--resume", "dpo_beta=0.5"], d);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("dpo_beta"), "{o:?}");
+}
+
+#[test]
+fn history_and_model_comparators() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_iterations = 3\ncomparator_policy = \"previous\"\ncomparator_num_candidates = 3");
+    ok(pbrl(&["iterate", "--config", "c.toml"], d));
+    // k = 1: a round compares with the snapshot of the round before; the one before that is
+    // kept only as the last round's input (for a resume), older ones are pruned.
+    let mut kept: Vec<String> = std::fs::read_dir(d.join("run/policy_checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    kept.sort();
+    assert_eq!(kept, vec!["iteration_0001", "iteration_0002"], "{kept:?}");
+    let round = RoundFile::load(&d.join("run/preference_replay/iteration_0001.json")).unwrap();
+    assert!(round.num_pairs > 0);
+
+    let cfg = format!("comparator_policy=model\ncomparator_model_name={}", d.join("tiny").display());
+    let args: Vec<&str> = cfg.lines().collect();
+    let mut argv =
+        vec!["iterate", "--config", "c.toml", "--run-dir", "m", "num_iterations=1", "comparator_policy=model"];
+    argv.push(args[1]);
+    let o = ok(pbrl(&argv, d));
+    assert!(stdout(&o).contains("round 1:"));
+    let o = pbrl(&["iterate", "--config", "c.toml", "--run-dir", "x", "comparator_policy=model"], d);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("needs comparator_model_name"));
+}
+
+/// An OpenAI-compatible local server as the comparator; its key comes from the environment and
+/// never reaches the run directory.
+#[test]
+fn an_api_comparator_and_its_key() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1/chat/completions", listener.local_addr().unwrap());
+    let auth = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = auth.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let mut stream = stream.unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let (mut line, mut len) = (String::new(), 0usize);
+            reader.read_line(&mut line).unwrap();
+            loop {
+                line.clear();
+                reader.read_line(&mut line).unwrap();
+                let l = line.trim_end().to_lowercase();
+                if l.is_empty() {
+                    break;
+                }
+                if let Some(v) = l.strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap();
+                }
+                if l.starts_with("authorization:") {
+                    seen.lock().unwrap().push(line.trim_end().to_string());
+                }
+            }
+            let mut body = vec![0; len];
+            reader.read_exact(&mut body).unwrap();
+            let req: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let n = req["n"].as_u64().unwrap_or(1) as usize;
+            let choices: Vec<serde_json::Value> =
+                (0..n).map(|k| serde_json::json!({"message": {"content": "w5 ".repeat(k + 1)}})).collect();
+            let text = serde_json::json!({"choices": choices}).to_string();
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                text.len()
+            );
+            stream.write_all(head.as_bytes()).unwrap();
+            stream.write_all(text.as_bytes()).unwrap();
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(
+        d,
+        &format!(
+            "num_iterations = 1\ncomparator_policy = \"api\"\ncomparator_api_url = \"{url}\"\ncomparator_api_format = \
+             \"openai\"\ncomparator_api_model = \"local\"\ncomparator_api_key_env = \"PBRL_TEST_KEY\""
+        ),
+    );
+    let o = std::process::Command::new(common::pbrl_bin())
+        .args(["iterate", "--config", "c.toml"])
+        .current_dir(d)
+        .env("PBRL_THREADS", "1")
+        .env("PBRL_TEST_KEY", "sk-iterate-secret")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(auth.lock().unwrap().iter().all(|h| h.ends_with("Bearer sk-iterate-secret")));
+    let round = RoundFile::load(&d.join("run/preference_replay/iteration_0001.json")).unwrap();
+    assert!(round.pairs.iter().any(|p| p
+        .winner_completions
+        .iter()
+        .chain(&p.loser_completions)
+        .any(|c| c.contains("w5"))));
+    for entry in walk(&d.join("run")) {
+        let text = String::from_utf8_lossy(&std::fs::read(&entry).unwrap()).to_string();
+        assert!(!text.contains("sk-iterate-secret"), "the key is in {}", entry.display());
+    }
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("sk-iterate-secret"));
+    // Without the variable: a clear error naming it.
+    let o = pbrl(&["iterate", "--config", "c.toml", "--run-dir", "nokey"], d);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("PBRL_TEST_KEY"), "{o:?}");
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
