@@ -29,8 +29,8 @@ pub enum Command {
     /// Train the agents with RL on the fitted reward model (MAGRPO family, iac, maac), save them
     /// to <run_dir>/agents.
     TrainMarlhf(TrainArgs),
-    /// Iterative MADPO: num_iterations rounds of comparing the current team with a comparator
-    /// (current, current_copy, model, history, api) and training on the replay selection.
+    /// Iterative MADPO or MARLHF: num_iterations rounds of comparing the current team with a
+    /// comparator (current, current_copy, model, history, api) and training on the replay selection.
     Iterate(IterateArgs),
     /// Sample from the agents, score with the task reward only, write a report.
     Eval(EvalArgs),

@@ -200,3 +200,18 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// One MARLHF round: the comparison, a reward model fitted on it, RL on that model.
+#[test]
+fn a_marlhf_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_iterations = 1\nalgorithm = \"marlhf\"\nreward_eval_fraction = 0\nnum_generations = 2");
+    let o = ok(pbrl(&["iterate", "--config", "c.toml", "--print-config"], d));
+    assert!(stdout(&o).contains("reward_num_train_epochs = 2") && stdout(&o).contains("num_train_epochs = 2"));
+    let o = ok(pbrl(&["iterate", "--config", "c.toml"], d));
+    assert!(stdout(&o).contains("round 1:"), "{}", stdout(&o));
+    assert!(d.join("run/reward_model/reward_model.json").is_file());
+    assert!(!common::metric_values(&d.join("run"), "marlhf/loss/agent_0").is_empty());
+    assert_ne!(bytes(d, "run/agents/agent_0/model.safetensors"), bytes(d, "tiny/model.safetensors"));
+}

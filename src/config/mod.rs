@@ -455,8 +455,9 @@ impl Config {
 
     /// Read a config for `pbrl iterate`: the reference's iterative defaults
     /// (MADPOIterConfig: `num_train_epochs` 1, `preference_num_candidates` 20,
-    /// `preference_pairs_per_sample` 4, `pair_selection` "comparator_reward") for the keys the
-    /// file and the overrides leave unset.
+    /// `preference_pairs_per_sample` 4, `pair_selection` "comparator_reward"; MARLHFIterConfig:
+    /// `num_train_epochs` 2 and `reward_num_train_epochs` 2) for the keys the file and the
+    /// overrides leave unset.
     pub fn load_iterative(path: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError(format!("cannot read config {}: {e}", path.display())))?;
@@ -477,8 +478,16 @@ impl Config {
             o.apply(&mut table)?;
         }
         if iterative {
+            // MARLHFIterConfig's: 2 RL epochs and 2 reward-model epochs.
+            let marlhf = table
+                .get("algorithm")
+                .and_then(|a| a.as_str())
+                .is_some_and(|a| a.trim().eq_ignore_ascii_case("marlhf"));
+            if marlhf {
+                table.entry("reward_num_train_epochs").or_insert(toml::Value::Integer(2));
+            }
             for (key, value) in [
-                ("num_train_epochs", toml::Value::Integer(1)),
+                ("num_train_epochs", toml::Value::Integer(if marlhf { 2 } else { 1 })),
                 ("preference_num_candidates", toml::Value::Integer(20)),
                 ("preference_pairs_per_sample", toml::Value::Integer(4)),
                 ("pair_selection", toml::Value::String("comparator_reward".into())),

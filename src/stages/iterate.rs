@@ -1,5 +1,6 @@
-//! `pbrl iterate`: iterative MADPO (reference §8): `num_iterations` rounds, each comparing the
-//! current team with a comparator on every train item, then training on the replay selection.
+//! `pbrl iterate`: iterative MADPO or MARLHF (reference §8): `num_iterations` rounds, each
+//! comparing the current team with a comparator on every train item, then training on the replay
+//! selection.
 //!
 //! Before round 1: the base team evaluated (round 0 of the plot). Round ν:
 //! 1. the current team samples `preference_num_candidates` joint responses per item, the
@@ -13,7 +14,8 @@
 //!    other (never across indices), either side winning, ordered by `pair_selection` (default
 //!    `comparator_reward`) and cut to `preference_pairs_per_sample`; the round file
 //!    `iteration_ν.json` is written whole (with the raw rewards of both sides);
-//! 3. `train-madpo` on the replay selection (`preference_replay_mode`), `num_train_epochs`;
+//! 3. `algorithm = "madpo"`: `train-madpo` on the replay selection (`preference_replay_mode`);
+//!    `"marlhf"`: a fresh reward model fitted on it (`fit-rm`), then `train-marlhf`;
 //! 4. the team saved as `policy_checkpoints/iteration_{ν−1}`; evaluated with the task reward;
 //!    `iter/*` metrics, `iterate/round_ν.json`, the plot `iterate/eval_reward.svg`, and with
 //!    `log_reward_distribution` both sides' reward histograms.
@@ -105,13 +107,6 @@ impl TeamRef<'_> {
 }
 
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> {
-    if cfg.algorithm != "madpo" {
-        bail!(
-            "algorithm = \"{}\": pbrl iterate runs MADPO rounds; for MARLHF run collect, fit-rm and train-marlhf per \
-             round, or set algorithm = \"madpo\"",
-            cfg.algorithm
-        );
-    }
     if cfg.comparator_generation_mode == "centralized" && cfg.collaboration_mode != "centralized" {
         bail!(
             "comparator_generation_mode = \"centralized\" with decentralized agents: pbrl iterate compares \
@@ -187,10 +182,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
         };
         let collect_s = t.elapsed().as_secs_f64();
         let t = std::time::Instant::now();
-        let resume_training = crate::run::checkpoint::list(&run_dir.root)?.last().is_some()
-            && crate::run::checkpoint::finished(&run_dir.root)?.is_none();
-        let report =
-            super::train_madpo::run(cfg, run_dir, &super::train_madpo::TrainOptions { resume: resume_training })?;
+        let train_pairs = train_round(cfg, run_dir)?;
         let train_s = t.elapsed().as_secs_f64();
         save_snapshot(cfg, run_dir, round)?;
         let eval = evaluate_round(cfg, run_dir)?;
@@ -201,7 +193,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
             comparator_wins: stats.comparator_wins,
             current_reward_mean: Some(stats.current_mean),
             comparator_reward_mean: Some(stats.comparator_mean),
-            train_pairs: report.num_pairs,
+            train_pairs,
             eval_reward_mean: eval.map(|e| e.0),
             eval_reward_stderr: eval.map(|e| e.1),
             collect_s,
@@ -214,7 +206,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
             stats.pairs,
             stats.current_wins,
             stats.comparator_wins,
-            report.num_pairs,
+            train_pairs,
             eval.map_or("not evaluated".into(), |e| format!("{:.4} ± {:.4}", e.0, e.1))
         );
     }
@@ -225,6 +217,24 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
         state.join("eval_reward.svg").display()
     );
     Ok(())
+}
+
+/// Round training on the replay selection: MADPO (`train-madpo`), or MARLHF (a fresh reward model
+/// fitted by `fit-rm`, then `train-marlhf`); a training cut short resumes from its checkpoint.
+/// Returns the pairs it trained on.
+fn train_round(cfg: &Config, run_dir: &RunDir) -> Result<usize> {
+    let unfinished = |dir: &Path| -> Result<bool> {
+        Ok(crate::run::checkpoint::list(dir)?.last().is_some() && crate::run::checkpoint::finished(dir)?.is_none())
+    };
+    if cfg.algorithm == "marlhf" {
+        let resume = unfinished(&run_dir.root.join("reward_model_training"))?;
+        let fit = super::fit_rm::run(cfg, run_dir, &super::fit_rm::FitOptions { resume })?;
+        let resume = unfinished(&super::train_marlhf::state_dir(run_dir))?;
+        super::train_marlhf::run(cfg, run_dir, &super::train_marlhf::TrainOptions { resume })?;
+        return Ok(fit.num_pairs);
+    }
+    let resume = unfinished(&run_dir.root)?;
+    Ok(super::train_madpo::run(cfg, run_dir, &super::train_madpo::TrainOptions { resume })?.num_pairs)
 }
 
 /// The setup a resumed run must share (every key but the number of rounds, which may grow).
