@@ -60,6 +60,17 @@ echo "== comlrl MARLHF on pbrl's round"
 "$VENV/bin/python" scripts/bench_comlrl.py --threads "$T" --marlhf \
   --round "$OUT/collect-run/preference_replay/iteration_0001.json" --out "$OUT/comlrl_marlhf.json"
 
+# Iterative MADPO: 4 items x 2 rounds against the current team (the same candidate, pair and
+# training settings), no evaluations; CoMLRL's MADPOIterTrainer.train() the same way.
+head -4 data/length_ratio/train.jsonl > "$OUT/train4.jsonl"
+rm -rf "$OUT/iterate-run"
+iter=("${common[@]/$OUT\/collect-run/$OUT/iterate-run}" task.train_file="$OUT/train4.jsonl" num_iterations=2
+  comparator_policy=current eval_num_samples=0)
+echo "== pbrl iterate"; measure "$OUT/pbrl_iterate.json" target/release/pbrl iterate "${iter[@]}"
+echo "== comlrl MADPOIter"
+rm -rf "$OUT/comlrl-iterate-rounds"
+"$VENV/bin/python" scripts/bench_comlrl.py --threads "$T" --items 4 --iterate 2 --out "$OUT/comlrl_iterate.json"
+
 python3 - "$OUT" <<'PY'
 import json, platform, sys
 d = sys.argv[1]
@@ -79,7 +90,7 @@ def machine():
 
 r = {k: json.load(open(f"{d}/{k}.json")) for k in ["pbrl_train", "torch_train", "pbrl_sample", "torch_sample", "pbrl_collect",
                                                    "pbrl_madpo", "comlrl", "pbrl_fit_rm", "pbrl_train_marlhf",
-                                                   "comlrl_marlhf"]}
+                                                   "comlrl_marlhf", "pbrl_iterate", "comlrl_iterate"]}
 num_pairs = json.load(open(f"{d}/collect-run/preference_replay/iteration_0001.json"))["num_pairs"]
 report = {
     "sampling_tokens_per_s": {"pbrl": r["pbrl_sample"]["tokens_per_s"], "hf_generate": r["torch_sample"]["tokens_per_s"]},
@@ -90,6 +101,7 @@ report = {
     # pbrl: each process's wall time (model loading included); CoMLRL: the phase alone
     "marlhf_rm_s": {"pbrl": r["pbrl_fit_rm"]["wall_s"], "comlrl": r["comlrl_marlhf"]["marlhf_rm_s"]},
     "marlhf_rl_s": {"pbrl": r["pbrl_train_marlhf"]["wall_s"], "comlrl": r["comlrl_marlhf"]["marlhf_rl_s"]},
+    "madpo_iter_s": {"pbrl": r["pbrl_iterate"]["wall_s"], "comlrl": r["comlrl_iterate"]["madpo_iter_s"]},
     "peak_rss_mib": {
         "train_step": {"pbrl": r["pbrl_train"]["peak_rss_mib"], "pytorch": r["torch_train"]["peak_rss_mib"]},
         # pbrl: the larger of its collect and train-madpo processes; CoMLRL: its one collect + train process
@@ -99,6 +111,7 @@ report = {
         "marlhf_run": {"pbrl": max(r["pbrl_collect"]["peak_rss_mib"], r["pbrl_fit_rm"]["peak_rss_mib"],
                                    r["pbrl_train_marlhf"]["peak_rss_mib"]),
                        "comlrl": r["comlrl_marlhf"]["peak_rss_mib"]},
+        "madpo_iter_run": {"pbrl": r["pbrl_iterate"]["peak_rss_mib"], "comlrl": r["comlrl_iterate"]["peak_rss_mib"]},
     },
     "threads": r["pbrl_train"]["threads"],
     "machine": machine(),
@@ -126,5 +139,9 @@ for key, label in [("marlhf_rm_s", "MARLHF reward model s (fit, wall)"), ("marlh
     print(f"{label:<40}{x['pbrl']:>10.1f}{x['comlrl']:>10.1f}{x['pbrl']/x['comlrl']:>8.2f}  <= 0.5")
 mm = m["marlhf_run"]
 print(f"{'collect + MARLHF peak RSS MiB':<40}{mm['pbrl']:>10.0f}{mm['comlrl']:>10.0f}{mm['pbrl']/mm['comlrl']:>8.2f}  <= 0.6")
+mi = report["madpo_iter_s"]
+print(f"{'iterative MADPO s (4 items x 2 rounds)':<40}{mi['pbrl']:>10.1f}{mi['comlrl']:>10.1f}{mi['pbrl']/mi['comlrl']:>8.2f}  <= 0.5")
+mr = m["madpo_iter_run"]
+print(f"{'iterative MADPO peak RSS MiB':<40}{mr['pbrl']:>10.0f}{mr['comlrl']:>10.0f}{mr['pbrl']/mr['comlrl']:>8.2f}  <= 0.6")
 print(f"report: {d}/report.json")
 PY

@@ -13,6 +13,9 @@ them), 4 candidates, 32 new tokens, temperature 0.6, top_p 0.6, top_k 50, the le
    (train_batch_size 2, 1 epoch, lr 5e-6), timed;
 3. writes JSON with both times and the process's peak RSS (the whole collect + train run).
 
+With --iterate ROUNDS (its own process): MADPOIterTrainer.train() on the items (comparator
+"current", the same candidates, pairs and training settings), timed whole.
+
 With --marlhf (a separate process, so its peak RSS is its own): MARLHFTrainer (rl_algorithm
 magrpo, num_generations 4, the reference's reward-model defaults; the reward model's backbone the
 same SmolLM2 saved once as a Hugging Face directory, since CoMLRL loads it by name), timed by
@@ -51,6 +54,8 @@ def main():
     ap.add_argument("--threads", type=int, default=int(os.environ.get("THREADS", "2")))
     ap.add_argument("--round", help="pbrl round file to train MADPO on after collecting")
     ap.add_argument("--marlhf", action="store_true", help="MARLHF instead of MADPO (see above)")
+    ap.add_argument("--iterate", type=int, metavar="ROUNDS",
+                    help="MADPOIterTrainer.train() for ROUNDS rounds (comparator current) instead, timed whole")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -78,6 +83,20 @@ def main():
     common = dict(num_train_epochs=1, num_agents=2, max_new_tokens=32, temperature=0.6, top_p=0.6, top_k=50,
                   preference_num_candidates=4, preference_pairs_per_sample=2, eval_interval=0,
                   agent_devices=["cpu", "cpu"], train_batch_size=2, agent_learning_rate=5e-6)
+    if a.iterate:
+        from comlrl.trainers.preference.iterative import MADPOIterConfig, MADPOIterTrainer
+        args = MADPOIterConfig(**common, num_iterations=a.iterate,
+                               preference_replay_dir=str(Path(a.out).parent / "comlrl-iterate-rounds"))
+        trainer = MADPOIterTrainer(agents=agents, num_agents=2, tokenizer=tok, train_dataset=Dataset.from_list(items),
+                                   reward_func=lambda c1, c2: [length_ratio(c1[0], c2[0])],
+                                   formatters=[formatter(0), formatter(1)], args=args)
+        t = time.perf_counter()
+        trainer.train()
+        out = {"madpo_iter_s": time.perf_counter() - t, "rounds": a.iterate, "threads": a.threads,
+               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        print(f"CoMLRL MADPOIter: {a.iterate} rounds in {out['madpo_iter_s']:.1f} s")
+        Path(a.out).write_text(json.dumps(out))
+        return
     if a.marlhf:
         hf_dir = Path(a.out).parent / "smollm2-hf"
         if not (hf_dir / "config.json").is_file():
