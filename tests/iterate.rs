@@ -206,12 +206,25 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 fn a_marlhf_round() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    setup(d, "num_iterations = 1\nalgorithm = \"marlhf\"\nreward_eval_fraction = 0\nnum_generations = 2");
+    setup(
+        d,
+        "num_iterations = 2\nalgorithm = \"marlhf\"\nreward_eval_fraction = 0\nnum_generations = 2\n\
+         preference_scoring_reward = \"learned\"",
+    );
     let o = ok(pbrl(&["iterate", "--config", "c.toml", "--print-config"], d));
     assert!(stdout(&o).contains("reward_num_train_epochs = 2") && stdout(&o).contains("num_train_epochs = 2"));
     let o = ok(pbrl(&["iterate", "--config", "c.toml"], d));
-    assert!(stdout(&o).contains("round 1:"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("round 2:"), "{}", stdout(&o));
     assert!(d.join("run/reward_model/reward_model.json").is_file());
+    // Round 1 is scored by the task reward, round 2 by round 1's reward model (raw = processed).
+    let r1 = RoundFile::load(&d.join("run/preference_replay/iteration_0001.json")).unwrap();
+    let r2 = RoundFile::load(&d.join("run/preference_replay/iteration_0002.json")).unwrap();
+    assert!(r1.pairs.iter().all(|p| (0.0..=1.0).contains(&p.winner_reward)), "the task reward is in [0, 1]");
+    for p in &r2.pairs {
+        assert_eq!(p.raw_rewards.as_deref(), Some(&[p.winner_reward, p.loser_reward][..]));
+    }
+    let o = pbrl(&["iterate", "--config", "c.toml", "--run-dir", "x", "algorithm=madpo"], d);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("needs algorithm = 'marlhf'"), "{o:?}");
     assert!(!common::metric_values(&d.join("run"), "marlhf/loss/agent_0").is_empty());
     assert_ne!(bytes(d, "run/agents/agent_0/model.safetensors"), bytes(d, "tiny/model.safetensors"));
 }

@@ -333,6 +333,9 @@ pub struct Config {
     pub comparator_api_extra_body: Option<toml::Table>,
     /// pbrl's own: tries per API request (the reference tries once).
     pub comparator_api_max_attempts: i64,
+    /// MARLHF rounds: compare with the task reward, or with the newest fitted reward model
+    /// ("reward_model"; the task reward until one exists).
+    pub preference_scoring_reward: String,
 
     pub task: TaskConfig,
     pub reward: RewardConfig,
@@ -439,6 +442,7 @@ impl Default for Config {
             comparator_api_response_field: Some("completions".into()),
             comparator_api_extra_body: None,
             comparator_api_max_attempts: 5,
+            preference_scoring_reward: "task".into(),
             task: TaskConfig::default(),
             reward: RewardConfig::default(),
         }

@@ -293,6 +293,17 @@ impl Config {
         if self.comparator_api_max_attempts < 1 {
             return err("comparator_api_max_attempts must be >= 1.");
         }
+        self.preference_scoring_reward = match self.preference_scoring_reward.trim().to_lowercase().as_str() {
+            "task" | "oracle" | "environment" | "env" => "task",
+            "reward_model" | "model" | "learned" => "reward_model",
+            _ => return err("preference_scoring_reward must be one of: task, reward_model."),
+        }
+        .to_string();
+        if self.preference_scoring_reward == "reward_model" && self.algorithm != "marlhf" {
+            return err(
+                "preference_scoring_reward = 'reward_model' needs algorithm = 'marlhf' (MADPO fits no reward model).",
+            );
+        }
         let has_model = self.comparator_model_name.is_some() || self.comparator_agents.is_some();
         match self.comparator_policy.as_str() {
             "model" => {

@@ -10,7 +10,8 @@
 //!    (the team `comparator_history_k` rounds back, the base models before there is one; the
 //!    snapshots are kept in `policy_checkpoints/`), or `api` (an HTTP endpoint,
 //!    `comparator::api`);
-//! 2. the task reward scores both sides; candidate idx of one side meets candidate idx of the
+//! 2. the task reward scores both sides (MARLHF with `preference_scoring_reward =
+//!    "reward_model"`: the previous round's reward model, once there is one); candidate idx of one side meets candidate idx of the
 //!    other (never across indices), either side winning, ordered by `pair_selection` (default
 //!    `comparator_reward`) and cut to `preference_pairs_per_sample`; the round file
 //!    `iteration_ν.json` is written whole (with the raw rewards of both sides);
@@ -40,6 +41,7 @@ use crate::prefs::distribution::{histogram, svg, NUM_BINS};
 use crate::prefs::selection::{select_comparison_pairs, PairSelection, Winner};
 use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
 use crate::progress;
+use crate::reward_model::JointRewardModel;
 use crate::rng::{derive_seed, purpose};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::team::{copy_team, saved_team};
@@ -372,6 +374,15 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
     check_fits(&team, &item_list, cfg.max_new_tokens as usize, (rows, "collect_batch_size × candidates"), "train")?;
     let comparator = build_comparator(cfg, run_dir, round, &team)?;
     let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
+    // MARLHF with preference_scoring_reward = "reward_model": the newest fitted reward model (the
+    // previous round's) scores both sides, raw and processed alike (reference §5.2).
+    let rm_dir = super::fit_rm::reward_model_dir(run_dir);
+    let rm = if cfg.preference_scoring_reward == "reward_model" && rm_dir.join("reward_model.json").is_file() {
+        let (_, device) = cfg.reward_model_source()?;
+        Some(JointRewardModel::load(&rm_dir, &parse_device(&device, "reward_model_device")?)?)
+    } else {
+        None
+    };
     let collab = Collaboration::from_config(cfg);
     let mode = PairSelection::parse(&cfg.pair_selection).expect("validated pair_selection");
     let per_sample = cfg.preference_pairs_per_sample.map(|k| k as usize);
@@ -398,6 +409,14 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
             let prompts = &cur.prompts[j];
             let reward_prompts = collab.reward_prompts(item, prompts)?;
             let mut score = |joints: &[Vec<String>]| -> Result<(Vec<f64>, Vec<f64>)> {
+                if let Some(rm) = &rm {
+                    let texts: Vec<String> = joints.iter().map(|x| rm.text(prompts, x)).collect();
+                    let s = rm.score_texts(&texts)?;
+                    if let Some(bad) = s.iter().find(|v| !v.is_finite()) {
+                        bail!("the reward model scored a candidate of train item {} {bad}", index(j));
+                    }
+                    return Ok((s.clone(), s));
+                }
                 let roles: Vec<Vec<String>> = joints.iter().map(|x| collab.role_outputs(x)).collect();
                 let raw = reward.score_batch(item, &reward_prompts, &roles)?;
                 let processed: Vec<f64> = raw.iter().map(|&r| processor.apply(r)).collect();
