@@ -228,3 +228,61 @@ fn a_marlhf_round() {
     assert!(!common::metric_values(&d.join("run"), "marlhf/loss/agent_0").is_empty());
     assert_ne!(bytes(d, "run/agents/agent_0/model.safetensors"), bytes(d, "tiny/model.safetensors"));
 }
+
+/// A 3-round run killed (SIGKILL) at many moments and resumed each time ends with the round
+/// files and agents of an uninterrupted run.
+#[test]
+fn killed_at_random_moments_and_resumed_it_ends_as_an_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_iterations = 3");
+    let started = std::time::Instant::now();
+    ok(pbrl(&["iterate", "--config", "c.toml", "--run-dir", "a"], d));
+    let full = started.elapsed();
+    // Kill times spread over the run (a fixed pseudo-random sequence, so failures reproduce).
+    let mut x: u64 = 12345;
+    let (mut kills, mut finished) = (0, false);
+    for _ in 0..40 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let after = full.mul_f64(0.05 + 0.55 * ((x >> 33) as f64 / (1u64 << 31) as f64));
+        let mut args = vec!["iterate", "--config", "c.toml", "--run-dir", "b"];
+        if d.join("b/iterate/fingerprint.json").exists() {
+            args.push("--resume");
+        }
+        let mut child = std::process::Command::new(common::pbrl_bin())
+            .args(&args)
+            .current_dir(d)
+            .env("PBRL_THREADS", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(after);
+        match child.try_wait().unwrap() {
+            Some(status) => {
+                let out = child.wait_with_output().unwrap();
+                assert!(status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+                finished = true;
+                break;
+            }
+            None => {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                kills += 1;
+            }
+        }
+    }
+    if !finished {
+        ok(pbrl(&["iterate", "--config", "c.toml", "--run-dir", "b", "--resume"], d));
+    }
+    eprintln!("killed {kills} times");
+    assert!(kills >= 1, "the run should have been cut at least once ({kills})");
+    for r in 1..=3 {
+        let p = format!("preference_replay/iteration_{r:04}.json");
+        assert!(bytes(d, &format!("a/{p}")) == bytes(d, &format!("b/{p}")), "round {r} differs");
+    }
+    for a in 0..2 {
+        let p = format!("agents/agent_{a}/model.safetensors");
+        assert!(bytes(d, &format!("a/{p}")) == bytes(d, &format!("b/{p}")), "agent {a} differs");
+    }
+}

@@ -132,7 +132,8 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
             bail!("--resume: the run was started under a different setup ({})", changed.join("; "));
         }
     } else {
-        if state.exists() || run_dir.agents().exists() || !existing_rounds(&cfg.replay_dir())?.is_empty() {
+        // (a start killed before its fingerprint was written left nothing to continue)
+        if fingerprint_path.exists() || run_dir.agents().exists() || !existing_rounds(&cfg.replay_dir())?.is_empty() {
             bail!(
                 "{} already holds rounds or trained agents; pass --resume to continue an iterate run there, or \
                  choose another run_dir",
