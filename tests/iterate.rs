@@ -55,6 +55,12 @@ fn three_rounds_against_the_current_team_then_an_exact_resume() {
     }
     assert!(d.join("run/iterate/round_0000.json").is_file(), "the base evaluation");
     assert!(d.join("run/iterate/eval_reward.svg").is_file());
+    let hist: serde_json::Value =
+        serde_json::from_slice(&bytes(d, "run/reward_distributions/iteration_0002.json")).unwrap();
+    for side in ["target", "comparator"] {
+        assert_eq!(hist["candidate"][side]["sample_count"], 4 * 4, "{side}: 4 items x 4 candidates");
+        assert!(d.join(format!("run/reward_distributions/iteration_0002_{side}.svg")).is_file());
+    }
     let evals = common::metric_values(&d.join("run"), "iter/eval_reward_mean");
     assert_eq!(evals.len(), 4, "rounds 0-3");
     assert_eq!(common::metric_values(&d.join("run"), "iter/current_preference_pairs").len(), 4);

@@ -18,8 +18,8 @@
 //! 3. `algorithm = "madpo"`: `train-madpo` on the replay selection (`preference_replay_mode`);
 //!    `"marlhf"`: a fresh reward model fitted on it (`fit-rm`), then `train-marlhf`;
 //! 4. the team saved as `policy_checkpoints/iteration_{ν−1}`; evaluated with the task reward;
-//!    `iter/*` metrics, `iterate/round_ν.json`, the plot `iterate/eval_reward.svg`, and with
-//!    `log_reward_distribution` both sides' reward histograms.
+//!    `iter/*` metrics, `iterate/round_ν.json`, the plot `iterate/eval_reward.svg`, and both
+//!    sides' reward histograms (`reward_distributions/`).
 //!
 //! `--resume` continues after the last finished round (`iterate/round_ν.json` marks it); a round
 //! cut short is repeated from the team the previous round left, so its pairs and agents are the
@@ -468,10 +468,22 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
         comparator_mean: raw_cmp.iter().sum::<f64>() / raw_cmp.len().max(1) as f64,
     };
     RoundFile::new(round, pairs).save_new(&round_path(&cfg.replay_dir(), round))?;
-    if cfg.log_reward_distribution {
-        let [lo, hi] = cfg.reward_range.expect("validated: reward_range is set");
-        write_distributions(run_dir, round, (lo, hi), [&raw_cur, &raw_cmp], [&sel_cur, &sel_cmp])?;
-    }
+    // Every round: both sides' histograms over `reward_range`, else over the round's own range.
+    let range = match cfg.reward_range {
+        Some([lo, hi]) => (lo, hi),
+        None => {
+            let all = raw_cur.iter().chain(&raw_cmp).copied().filter(|v| v.is_finite());
+            let (lo, hi) = all.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
+            if lo < hi {
+                (lo, hi)
+            } else if lo.is_finite() {
+                (lo - 0.5, lo + 0.5)
+            } else {
+                (0.0, 1.0)
+            }
+        }
+    };
+    write_distributions(run_dir, round, range, [&raw_cur, &raw_cmp], [&sel_cur, &sel_cmp])?;
     Ok(stats)
 }
 
