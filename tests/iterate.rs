@@ -112,6 +112,17 @@ fn history_and_model_comparators() {
     argv.push(args[1]);
     let o = ok(pbrl(&argv, d));
     assert!(stdout(&o).contains("round 1:"));
+    // A centralized comparator (the current agent 1 writing both roles in the tagged prompt): the
+    // tiny model writes no tags, so every reply counts as unparsed and scores as empty roles.
+    let argv = ["iterate", "--config", "c.toml", "--run-dir", "c", "num_iterations=1", "comparator_policy=current"];
+    let o = ok(pbrl(
+        &[&argv[..], &["comparator_generation_mode=single_agent", "comparator_centralized_agent_index=1"]].concat(),
+        d,
+    ));
+    assert!(stdout(&o).contains("round 1:"));
+    assert_eq!(common::metric_values(&d.join("c"), "iter/comparator_unparsed"), vec![0.0, 12.0], "4 items x 3 replies");
+    let round = RoundFile::load(&d.join("c/preference_replay/iteration_0001.json")).unwrap();
+    assert!(round.pairs.iter().all(|p| p.loser_completions == vec![String::new(), String::new()]));
     let o = pbrl(&["iterate", "--config", "c.toml", "--run-dir", "x", "comparator_policy=model"], d);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("needs comparator_model_name"));
 }

@@ -9,7 +9,9 @@
 //!    `comparator_devices`), `model` (`comparator_agents` / `comparator_model_name`), `history`
 //!    (the team `comparator_history_k` rounds back, the base models before there is one; the
 //!    snapshots are kept in `policy_checkpoints/`), or `api` (an HTTP endpoint,
-//!    `comparator::api`);
+//!    `comparator::api`); with `comparator_generation_mode = "centralized"`, the comparator's
+//!    actor `comparator_centralized_agent_index` (or one API call) writes every role in the
+//!    reference's tagged prompt, parsed into the roles' outputs;
 //! 2. the task reward scores both sides (MARLHF with `preference_scoring_reward =
 //!    "reward_model"`: the previous round's reward model, once there is one); candidate idx of one side meets candidate idx of the
 //!    other (never across indices), either side winning, ordered by `pair_selection` (default
@@ -49,8 +51,8 @@ use crate::run::{atomic_write, RunDir};
 use crate::task::reward::build_reward;
 use crate::task::split::train_items;
 use crate::task::{render_template, TaskItem};
-use crate::team::collab::Collaboration;
-use crate::team::rollout::{rollout, Rollout};
+use crate::team::collab::{centralized_comparator_prompt, has_any_section, parse_joint_response, Collaboration};
+use crate::team::rollout::{rollout, rollout_prompts, Rollout};
 use crate::team::{check_fits, load_team, Agent, Members};
 
 pub struct IterateOptions {
@@ -68,6 +70,9 @@ pub struct RoundSummary {
     pub current_reward_mean: Option<f64>,
     pub comparator_reward_mean: Option<f64>,
     pub train_pairs: usize,
+    /// Centralized comparator replies without any role section.
+    #[serde(default)]
+    pub comparator_unparsed: usize,
     pub eval_reward_mean: Option<f64>,
     pub eval_reward_stderr: Option<f64>,
     pub collect_s: f64,
@@ -109,12 +114,6 @@ impl TeamRef<'_> {
 }
 
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> {
-    if cfg.comparator_generation_mode == "centralized" && cfg.collaboration_mode != "centralized" {
-        bail!(
-            "comparator_generation_mode = \"centralized\" with decentralized agents: pbrl iterate compares \
-             decentralized teams with decentralized comparators; set comparator_generation_mode = \"decentralized\""
-        );
-    }
     if cfg.comparator_policy == "api" && cfg.collaboration_mode == "centralized" {
         bail!("comparator_policy = \"api\" with a centralized actor: choose a model-based comparator_policy");
     }
@@ -157,6 +156,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
             current_reward_mean: None,
             comparator_reward_mean: None,
             train_pairs: 0,
+            comparator_unparsed: 0,
             eval_reward_mean: eval.map(|e| e.0),
             eval_reward_stderr: eval.map(|e| e.1),
             collect_s: 0.0,
@@ -197,6 +197,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
             current_reward_mean: Some(stats.current_mean),
             comparator_reward_mean: Some(stats.comparator_mean),
             train_pairs,
+            comparator_unparsed: stats.comparator_unparsed,
             eval_reward_mean: eval.map(|e| e.0),
             eval_reward_stderr: eval.map(|e| e.1),
             collect_s,
@@ -312,7 +313,7 @@ fn finish_round(cfg: &Config, run_dir: &RunDir, s: &RoundSummary) -> Result<()> 
         "iter/current_wins": s.current_wins, "iter/comparator_wins": s.comparator_wins,
         "iter/current_reward_mean": s.current_reward_mean, "iter/comparator_reward_mean": s.comparator_reward_mean,
         "iter/eval_reward_mean": s.eval_reward_mean, "iter/eval_reward_stderr": s.eval_reward_stderr,
-        "iter/round_s": s.collect_s + s.train_s + s.eval_s,
+        "iter/round_s": s.collect_s + s.train_s + s.eval_s, "iter/comparator_unparsed": s.comparator_unparsed,
     }))?;
     atomic_write(&summary_path(run_dir, s.round), &serde_json::to_vec_pretty(s)?)?;
     let mut points = Vec::new();
@@ -341,6 +342,8 @@ struct RoundStats {
     comparator_wins: usize,
     current_mean: f64,
     comparator_mean: f64,
+    /// Centralized comparator replies without any role section (scored as empty roles).
+    comparator_unparsed: usize,
 }
 
 /// The statistics of a round file written before a cut-short round was resumed.
@@ -361,6 +364,7 @@ fn round_stats_from_file(path: &Path) -> Result<RoundStats> {
         comparator_wins: r.num_pairs - current_wins,
         current_mean: mean(&|p| p.target_raw_reward),
         comparator_mean: mean(&|p| p.comparator_raw_reward),
+        comparator_unparsed: 0,
     })
 }
 
@@ -391,6 +395,8 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
     let bar = progress::bar(items.len() as u64, "iterate: compare");
     let (mut pairs, mut raw_cur, mut raw_cmp, mut sel_cur, mut sel_cmp) = (vec![], vec![], vec![], vec![], vec![]);
     let mut current_wins = 0;
+    let mut unparsed = 0usize;
+    let centralized_cmp = cfg.comparator_generation_mode == "centralized" && cfg.collaboration_mode != "centralized";
     for (b, batch) in items.chunks(batch_items).enumerate() {
         let first = b * batch_items;
         let batch_items: Vec<TaskItem> = batch.iter().map(|(_, it)| it.clone()).collect();
@@ -400,6 +406,46 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
         };
         let cur = rollout(&team, &batch_items, n_cur, &params, seed(purpose::COLLECT), |_| {})?;
         let cmp: Vec<Vec<Vec<String>>> = match &comparator {
+            _ if centralized_cmp => {
+                let idx = cfg.comparator_centralized_agent_index as usize;
+                let prompts = batch_items
+                    .iter()
+                    .map(|it| Ok(centralized_comparator_prompt(&role_prompts(cfg, it, team.len())?)))
+                    .collect::<Result<Vec<_>>>()?;
+                let joints: Vec<Vec<String>> = match &comparator {
+                    Comparator::Team(t) => {
+                        let one = &t.agents()[idx..idx + 1];
+                        let texts =
+                            vec![prompts.iter().map(|p| one[0].format_user_prompt(p)).collect::<Result<Vec<_>>>()?];
+                        let out = rollout_prompts(one, &texts, n_cmp, &params, seed(purpose::COMPARATOR), |_| {})?;
+                        out.responses.iter().map(|r| r.iter().map(|joint| joint[0].text.clone()).collect()).collect()
+                    }
+                    Comparator::Api(api) => prompts
+                        .iter()
+                        .zip(&batch_items)
+                        .map(|(p, it)| {
+                            let mut texts =
+                                api.complete(p, idx, &serde_json::to_value(it)?, n_cmp, request_sampling(cfg))?;
+                            texts.resize(n_cmp, String::new());
+                            Ok(texts)
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                };
+                joints
+                    .iter()
+                    .map(|per_item| {
+                        per_item
+                            .iter()
+                            .map(|text| {
+                                // The reference aborts the round on a reply without any section; pbrl
+                                // scores its roles as empty and counts it.
+                                unparsed += usize::from(!has_any_section(text, team.len()));
+                                parse_joint_response(text, team.len())
+                            })
+                            .collect()
+                    })
+                    .collect()
+            }
             Comparator::Team(t) => {
                 let out = rollout(t.agents(), &batch_items, n_cmp, &params, seed(purpose::COMPARATOR), |_| {})?;
                 joint_texts(&out, n_cmp)
@@ -466,7 +512,11 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
         comparator_wins: pairs.len() - current_wins,
         current_mean: raw_cur.iter().sum::<f64>() / raw_cur.len().max(1) as f64,
         comparator_mean: raw_cmp.iter().sum::<f64>() / raw_cmp.len().max(1) as f64,
+        comparator_unparsed: unparsed,
     };
+    if unparsed > 0 {
+        tracing::warn!(round, unparsed, "centralized comparator replies without any <agent_i> section");
+    }
     RoundFile::new(round, pairs).save_new(&round_path(&cfg.replay_dir(), round))?;
     // Every round: both sides' histograms over `reward_range`, else over the round's own range.
     let range = match cfg.reward_range {
@@ -501,26 +551,34 @@ fn api_texts(
     items: &[TaskItem],
     n: usize,
 ) -> Result<Vec<Vec<Vec<String>>>> {
-    let sampling = RequestSampling {
-        max_new_tokens: cfg.max_new_tokens as usize,
-        temperature: cfg.temperature,
-        top_p: cfg.top_p,
-        top_k: cfg.top_k.map(|k| k as usize),
-    };
-    let templates = &cfg.task.formatters;
     let mut out = Vec::with_capacity(items.len());
     for item in items {
         let mut per_agent = Vec::with_capacity(team.len());
-        for a in 0..team.len() {
-            let prompt = render_template(&templates[if templates.len() == 1 { 0 } else { a }], item)?;
+        for (a, prompt) in role_prompts(cfg, item, team.len())?.iter().enumerate() {
             let item_json = serde_json::to_value(item)?;
-            let mut texts = api.complete(&prompt, a, &item_json, n, sampling)?;
+            let mut texts = api.complete(prompt, a, &item_json, n, request_sampling(cfg))?;
             texts.resize(n, String::new());
             per_agent.push(texts);
         }
         out.push((0..n).map(|k| per_agent.iter().map(|t| t[k].clone()).collect()).collect());
     }
     Ok(out)
+}
+
+/// Each role's rendered `formatters` template for an item (the prompts an API or a centralized
+/// comparator is given: no system prompt, no chat template).
+fn role_prompts(cfg: &Config, item: &TaskItem, roles: usize) -> Result<Vec<String>> {
+    let templates = &cfg.task.formatters;
+    (0..roles).map(|a| render_template(&templates[if templates.len() == 1 { 0 } else { a }], item)).collect()
+}
+
+fn request_sampling(cfg: &Config) -> RequestSampling {
+    RequestSampling {
+        max_new_tokens: cfg.max_new_tokens as usize,
+        temperature: cfg.temperature,
+        top_p: cfg.top_p,
+        top_k: cfg.top_k.map(|k| k as usize),
+    }
 }
 
 /// The comparator of round `round`.

@@ -70,6 +70,31 @@ pub fn joint_prompt(role_prompts: &[String]) -> String {
     )
 }
 
+/// The centralized comparator's prompt for decentralized agents, exactly the reference's
+/// `TaggedCentralizedComparatorAdapter.build_prompt` (§8.3; agents from 0).
+pub fn centralized_comparator_prompt(role_prompts: &[String]) -> String {
+    let n = role_prompts.len();
+    let mut sections = vec![
+        format!("You are a centralized coordinator producing the separate outputs of {n} agents."),
+        "Each output must satisfy its corresponding original prompt. Keep the outputs separate;\ndo not merge them \
+         or add commentary outside the required tags."
+            .to_string(),
+    ];
+    for (i, p) in role_prompts.iter().enumerate() {
+        sections.push(format!("Agent {i} original prompt:\n{p}"));
+    }
+    let tags: Vec<String> = (0..n).map(|i| format!("<agent_{i}>\n...\n</agent_{i}>")).collect();
+    sections.push(format!("Return exactly one section for each agent in this format:\n{}", tags.join("\n")));
+    format!("{}\n", sections.join("\n\n"))
+}
+
+/// Whether `text` has any role's section (the reference's comparator parse fails without one).
+pub fn has_any_section(text: &str, roles: usize) -> bool {
+    (0..roles).any(|i| {
+        Regex::new(&format!(r"(?is)<\s*agent_{i}\s*>(.*?)<\s*/\s*agent_{i}\s*>")).expect("valid pattern").is_match(text)
+    })
+}
+
 /// Role i's output: the first `<agent_i>…</agent_i>` section of `text`, trimmed; "" when absent.
 pub fn parse_joint_response(text: &str, roles: usize) -> Vec<String> {
     (0..roles)
@@ -83,6 +108,20 @@ pub fn parse_joint_response(text: &str, roles: usize) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_centralized_comparator_prompt_is_the_references() {
+        let p = centralized_comparator_prompt(&["Write A.".to_string(), "Write B.".to_string()]);
+        let want = "You are a centralized coordinator producing the separate outputs of 2 agents.\n\n\
+                    Each output must satisfy its corresponding original prompt. Keep the outputs separate;\n\
+                    do not merge them or add commentary outside the required tags.\n\n\
+                    Agent 0 original prompt:\nWrite A.\n\n\
+                    Agent 1 original prompt:\nWrite B.\n\n\
+                    Return exactly one section for each agent in this format:\n\
+                    <agent_0>\n...\n</agent_0>\n<agent_1>\n...\n</agent_1>\n";
+        assert_eq!(p, want);
+        assert!(has_any_section("x <AGENT_1> b </agent_1>", 2) && !has_any_section("no tags", 2));
+    }
 
     #[test]
     fn parses_first_section_case_insensitively_and_trims() {

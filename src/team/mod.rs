@@ -41,6 +41,12 @@ impl Agent {
         Agent { index: self.index, model, device, recipe: self.recipe.clone(), chat_template: self.chat_template }
     }
 
+    /// A user message as this actor's model is given it: with its chat template when the task
+    /// uses chat templates (no system prompt).
+    pub fn format_user_prompt(&self, user: &str) -> Result<String> {
+        self.model.tokenizer.format_prompt(self.chat_template, None, user)
+    }
+
     /// The exact text this actor is given for an item: its template(s), then the chat template.
     pub fn prompt_for(&self, item: &TaskItem) -> Result<String> {
         let tok = &self.model.tokenizer;

@@ -49,15 +49,32 @@ pub fn rollout(
     n: usize,
     params: &SamplingParams,
     seed: impl Fn(usize, usize, usize) -> u64,
+    on_tokens: impl FnMut(usize),
+) -> Result<Rollout> {
+    let texts = team
+        .iter()
+        .map(|agent| items.iter().map(|it| agent.prompt_for(it)).collect::<Result<Vec<_>>>())
+        .collect::<Result<Vec<_>>>()?;
+    rollout_prompts(team, &texts, n, params, seed, on_tokens)
+}
+
+/// [`rollout`] on given prompt texts: `texts[a][j]` is actor `a`'s prompt for item `j`.
+pub fn rollout_prompts(
+    team: &[Agent],
+    texts: &[Vec<String>],
+    n: usize,
+    params: &SamplingParams,
+    seed: impl Fn(usize, usize, usize) -> u64,
     mut on_tokens: impl FnMut(usize),
 ) -> Result<Rollout> {
-    let mut prompts: Vec<Vec<String>> = vec![Vec::with_capacity(team.len()); items.len()];
-    let mut prompt_ids: Vec<Vec<Vec<u32>>> = vec![Vec::with_capacity(team.len()); items.len()];
-    let mut responses: Vec<Vec<Vec<Completion>>> = vec![vec![Vec::with_capacity(team.len()); n]; items.len()];
-    for agent in team {
+    let items = texts.first().map_or(0, Vec::len);
+    let mut prompts: Vec<Vec<String>> = vec![Vec::with_capacity(team.len()); items];
+    let mut prompt_ids: Vec<Vec<Vec<u32>>> = vec![Vec::with_capacity(team.len()); items];
+    let mut responses: Vec<Vec<Vec<Completion>>> = vec![vec![Vec::with_capacity(team.len()); n]; items];
+    for (agent, texts) in team.iter().zip(texts) {
         let tok = &agent.model.tokenizer;
-        let texts = items.iter().map(|it| agent.prompt_for(it)).collect::<Result<Vec<_>>>()?;
-        let mut requests = Vec::with_capacity(items.len() * n);
+        let texts = texts.clone();
+        let mut requests = Vec::with_capacity(items * n);
         for (j, t) in texts.iter().enumerate() {
             let ids = tok.encode(t)?;
             for k in 0..n {
