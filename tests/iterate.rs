@@ -303,3 +303,20 @@ fn killed_at_random_moments_and_resumed_it_ends_as_an_uninterrupted_run() {
         assert!(bytes(d, &format!("a/{p}")) == bytes(d, &format!("b/{p}")), "agent {a} differs");
     }
 }
+
+/// `current_copy` on the agents' own devices is `current` (the reference's rule), and the
+/// replay selection draws across rounds (`nearest_k`, a fixed sample size).
+#[test]
+fn current_copy_and_replay_across_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_iterations = 2\npreference_replay_mode = \"nearest_k\"\npreference_replay_k = 2\npreference_replay_sample_size = 5");
+    ok(pbrl(&["iterate", "--config", "c.toml", "--run-dir", "cur"], d));
+    ok(pbrl(&["iterate", "--config", "c.toml", "--run-dir", "copy", "comparator_policy=online_copy"], d));
+    for r in 1..=2 {
+        let p = format!("preference_replay/iteration_{r:04}.json");
+        assert!(bytes(d, &format!("cur/{p}")) == bytes(d, &format!("copy/{p}")), "round {r}");
+    }
+    let trained = common::metric_values(&d.join("cur"), "iter/train_preference_pairs");
+    assert_eq!(trained, vec![0.0, 5.0, 5.0], "round 0 (base eval), then 5 pairs drawn from the last 2 rounds");
+}
