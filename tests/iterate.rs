@@ -35,6 +35,16 @@ fn bytes(d: &Path, p: &str) -> Vec<u8> {
     std::fs::read(d.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"))
 }
 
+/// Runs `a` and `b` wrote the same round files and agents, byte for byte.
+fn assert_same_run(d: &Path, a: &str, b: &str, rounds: u32) {
+    let files = (1..=rounds)
+        .map(|r| format!("preference_replay/iteration_{r:04}.json"))
+        .chain((0..2).map(|i| format!("agents/agent_{i}/model.safetensors")));
+    for p in files {
+        assert!(bytes(d, &format!("{a}/{p}")) == bytes(d, &format!("{b}/{p}")), "{p} differs between {a} and {b}");
+    }
+}
+
 #[test]
 fn three_rounds_against_the_current_team_then_an_exact_resume() {
     let dir = tempfile::tempdir().unwrap();
@@ -72,14 +82,7 @@ fn three_rounds_against_the_current_team_then_an_exact_resume() {
     std::fs::remove_file(d.join("b/iterate/round_0002.json")).unwrap();
     let o = ok(pbrl(&["iterate", "--config", "c.toml", "--run-dir", "b", "--resume", "num_iterations=3"], d));
     assert!(stdout(&o).contains("round 2:") && !stdout(&o).contains("round 1:"), "{}", stdout(&o));
-    for r in 1..=3 {
-        let p = format!("preference_replay/iteration_{r:04}.json");
-        assert!(bytes(d, &format!("run/{p}")) == bytes(d, &format!("b/{p}")), "round {r} differs after resume");
-    }
-    for a in 0..2 {
-        let p = format!("agents/agent_{a}/model.safetensors");
-        assert!(bytes(d, &format!("run/{p}")) == bytes(d, &format!("b/{p}")), "agent {a} differs after resume");
-    }
+    assert_same_run(d, "run", "b", 3);
 
     // Refusals: a fresh run over this one, a resume under another setup.
     let o = pbrl(&["iterate", "--config", "c.toml"], d);
@@ -294,14 +297,7 @@ fn killed_at_random_moments_and_resumed_it_ends_as_an_uninterrupted_run() {
     }
     eprintln!("killed {kills} times");
     assert!(kills >= 1, "the run should have been cut at least once ({kills})");
-    for r in 1..=3 {
-        let p = format!("preference_replay/iteration_{r:04}.json");
-        assert!(bytes(d, &format!("a/{p}")) == bytes(d, &format!("b/{p}")), "round {r} differs");
-    }
-    for a in 0..2 {
-        let p = format!("agents/agent_{a}/model.safetensors");
-        assert!(bytes(d, &format!("a/{p}")) == bytes(d, &format!("b/{p}")), "agent {a} differs");
-    }
+    assert_same_run(d, "a", "b", 3);
 }
 
 /// `current_copy` on the agents' own devices is `current` (the reference's rule), and the

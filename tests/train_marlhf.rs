@@ -29,6 +29,15 @@ fn setup(d: &Path, extra: &str) {
     ok(pbrl(&["fit-rm", "--config", "c.toml"], d));
 }
 
+/// A run directory `to` with the round and the reward model of `run`.
+fn copy_inputs(d: &Path, to: &str) {
+    std::fs::create_dir_all(d.join(to)).unwrap();
+    for sub in ["preference_replay", "reward_model"] {
+        let status = std::process::Command::new("cp").arg("-r").arg(d.join("run").join(sub)).arg(d.join(to)).status();
+        assert!(status.unwrap().success());
+    }
+}
+
 fn mean(xs: &[f64]) -> f64 {
     xs.iter().sum::<f64>() / xs.len() as f64
 }
@@ -66,12 +75,7 @@ fn the_reference_kl_starts_at_zero_and_a_resumed_run_is_exact() {
         "reference_kl_enabled = true\nreference_kl_coef = 0.5\ncheckpoint_interval = 1\nrl_algorithm = \"marloo\"",
     );
     // A second run directory with the same round and reward model.
-    std::fs::create_dir_all(d.join("other")).unwrap();
-    for sub in ["preference_replay", "reward_model"] {
-        let status =
-            std::process::Command::new("cp").arg("-r").arg(d.join("run").join(sub)).arg(d.join("other")).status();
-        assert!(status.unwrap().success());
-    }
+    copy_inputs(d, "other");
     ok(pbrl(&["train-marlhf", "--config", "c.toml", "num_train_epochs=2"], d));
     let kl = common::metric_values(&d.join("run"), "turn_1/reference_kl_mean");
     assert_eq!(kl[0], 0.0, "before any update the policy is its reference");
@@ -125,12 +129,7 @@ fn the_actor_critic_backends_raise_the_reward_models_score() {
         let mut argv = vec!["train-marlhf", "--config", "c.toml", "--run-dir"];
         argv.push(name);
         argv.extend(&args);
-        for sub in ["preference_replay", "reward_model"] {
-            std::fs::create_dir_all(d.join(name)).unwrap();
-            let status =
-                std::process::Command::new("cp").arg("-r").arg(d.join("run").join(sub)).arg(d.join(name)).status();
-            assert!(status.unwrap().success());
-        }
+        copy_inputs(d, name);
         ok(pbrl(&argv, d));
         let run = d.join(name);
         let r = common::metric_values(&run, "turn_1/reward_mean");
@@ -152,12 +151,7 @@ fn a_resumed_actor_critic_run_is_exact() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     setup(d, "checkpoint_interval = 1\nrl_algorithm = \"iac\"\nreference_kl_enabled = true");
-    std::fs::create_dir_all(d.join("other")).unwrap();
-    for sub in ["preference_replay", "reward_model"] {
-        let status =
-            std::process::Command::new("cp").arg("-r").arg(d.join("run").join(sub)).arg(d.join("other")).status();
-        assert!(status.unwrap().success());
-    }
+    copy_inputs(d, "other");
     ok(pbrl(&["train-marlhf", "--config", "c.toml", "num_train_epochs=2"], d));
     ok(pbrl(&["train-marlhf", "--config", "c.toml", "--run-dir", "other", "num_train_epochs=1"], d));
     ok(pbrl(&["train-marlhf", "--config", "c.toml", "--run-dir", "other", "--resume", "num_train_epochs=2"], d));
