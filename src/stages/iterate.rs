@@ -231,6 +231,16 @@ fn train_round(cfg: &Config, run_dir: &RunDir) -> Result<usize> {
         Ok(crate::run::checkpoint::list(dir)?.last().is_some() && crate::run::checkpoint::finished(dir)?.is_none())
     };
     if cfg.algorithm == "marlhf" {
+        let (pairs, _) = crate::prefs::replay::training_pairs(
+            &cfg.replay_dir(),
+            cfg.seed,
+            cfg.replay_mode(),
+            cfg.replay_sample_size(),
+        )?;
+        if pairs.is_empty() {
+            println!("no non-tied preference pairs in the selected rounds; the agents are unchanged");
+            return Ok(0);
+        }
         let resume = unfinished(&run_dir.root.join("reward_model_training"))?;
         let fit = super::fit_rm::run(cfg, run_dir, &super::fit_rm::FitOptions { resume })?;
         let resume = unfinished(&super::train_marlhf::state_dir(run_dir))?;
@@ -249,7 +259,8 @@ fn iterate_fingerprint(cfg: &Config) -> Result<Fingerprint> {
 }
 
 /// Put back the team round `round` starts from: the previous round's snapshot, or for round 1
-/// the base models (an `agents/` left by a round-1 training cut short is removed).
+/// (or when nothing was trained before) the base models (an `agents/` left by a training cut
+/// short is removed).
 fn restore_round_input(cfg: &Config, run_dir: &RunDir, round: u32) -> Result<()> {
     if round == 1 {
         if run_dir.agents().exists() {
@@ -260,7 +271,8 @@ fn restore_round_input(cfg: &Config, run_dir: &RunDir, round: u32) -> Result<()>
     }
     let previous = snapshot_dir(run_dir, round as usize - 2);
     if saved_team(&previous, cfg.num_actors())?.is_none() {
-        bail!("--resume: {} (the team round {round} starts from) is missing", previous.display());
+        // No team was trained before that round (no pairs yet): it starts from the base models.
+        return restore_round_input(cfg, run_dir, 1);
     }
     copy_team(&previous, &run_dir.agents())
 }
@@ -270,6 +282,9 @@ fn restore_round_input(cfg: &Config, run_dir: &RunDir, round: u32) -> Result<()>
 /// round from it), and for `history` the last k.
 fn save_snapshot(cfg: &Config, run_dir: &RunDir, round: u32) -> Result<()> {
     let label = round as usize - 1;
+    if saved_team(&run_dir.agents(), cfg.num_actors())?.is_none() {
+        return Ok(()); // nothing trained yet: the base models are the snapshot
+    }
     copy_team(&run_dir.agents(), &snapshot_dir(run_dir, label))?;
     let mut keep_from = label.saturating_sub(1);
     if let (Some(k), "history") = (cfg.comparator_history_k, cfg.comparator_policy.as_str()) {
