@@ -13,10 +13,11 @@
 //!    actor `comparator_centralized_agent_index` (or one API call) writes every role in the
 //!    reference's tagged prompt, parsed into the roles' outputs;
 //! 2. the task reward scores both sides (MARLHF with `preference_scoring_reward =
-//!    "reward_model"`: the previous round's reward model, once there is one); candidate idx of one side meets candidate idx of the
-//!    other (never across indices), either side winning, ordered by `pair_selection` (default
-//!    `comparator_reward`) and cut to `preference_pairs_per_sample`; the round file
-//!    `iteration_ν.json` is written whole (with the raw rewards of both sides);
+//!    "reward_model"`: the previous round's reward model, once there is one); candidate idx of
+//!    one side meets candidate idx of the other (never across indices), either side winning,
+//!    ordered by `pair_selection` (default `comparator_reward`) and cut to
+//!    `preference_pairs_per_sample`; the round file `iteration_ν.json` is written whole (with the
+//!    raw rewards of both sides);
 //! 3. `algorithm = "madpo"`: `train-madpo` on the replay selection (`preference_replay_mode`);
 //!    `"marlhf"`: a fresh reward model fitted on it (`fit-rm`), then `train-marlhf`;
 //! 4. the team saved as `policy_checkpoints/iteration_{ν−1}`; evaluated with the task reward;
@@ -397,7 +398,7 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
     // MARLHF with preference_scoring_reward = "reward_model": the newest fitted reward model (the
     // previous round's) scores both sides, raw and processed alike (reference §5.2).
     let rm_dir = super::fit_rm::reward_model_dir(run_dir);
-    let rm = if cfg.preference_scoring_reward == "reward_model" && rm_dir.join("reward_model.json").is_file() {
+    let scorer_rm = if cfg.preference_scoring_reward == "reward_model" && rm_dir.join("reward_model.json").is_file() {
         let (_, device) = cfg.reward_model_source()?;
         Some(JointRewardModel::load(&rm_dir, &parse_device(&device, "reward_model_device")?)?)
     } else {
@@ -467,11 +468,12 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
             }
             Comparator::Api(api) => api_texts(cfg, api, &team, &batch_items, n_cmp)?,
         };
+        let cur_joints = joint_texts(&cur, n_cur);
         for (j, item) in batch_items.iter().enumerate() {
             let prompts = &cur.prompts[j];
             let reward_prompts = collab.reward_prompts(item, prompts)?;
             let mut score = |joints: &[Vec<String>]| -> Result<(Vec<f64>, Vec<f64>)> {
-                if let Some(rm) = &rm {
+                if let Some(rm) = &scorer_rm {
                     let texts: Vec<String> = joints.iter().map(|x| rm.text(prompts, x)).collect();
                     let s = rm.score_texts(&texts)?;
                     if let Some(bad) = s.iter().find(|v| !v.is_finite()) {
@@ -487,8 +489,9 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
                 }
                 Ok((raw, processed))
             };
-            let cur_joints = joint_texts(&cur, n_cur).swap_remove(j);
-            let (rc, pc) = score(&cur_joints)?;
+            let cur_joints = &cur_joints[j];
+            // (raw, processed) scores of the current team's and the comparator's candidates
+            let (rc, pc) = score(cur_joints)?;
             let (rm, pm) = score(&cmp[j])?;
             let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[purpose::PAIRS, round as u64, index(j)]));
             let all: Vec<f64> = pc.iter().chain(&pm).copied().collect();
