@@ -8,7 +8,8 @@
 # averaged over seeds (scripts/study_summary.py; also summary.md).
 #   STUDY_DIR (default target/marlhf-study), TASK (default quickstart), SEEDS (default "1 2"),
 #   BACKENDS (rl_algorithm values, default "magrpo iac"), BASES (default target/anchored-study),
-#   COMMON (overrides for every stage, default the anchored study's), PBRL_THREADS.
+#   COMMON (overrides for every stage, default the anchored study's), FIT (overrides for fit-rm
+#   only), TRAIN (overrides for train-marlhf only), PBRL_THREADS.
 #   Rerunning continues: finished runs are kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,8 @@ DIR=${STUDY_DIR:-target/marlhf-study}; TASK=${TASK:-quickstart}; SEEDS=${SEEDS:-
 BACKENDS=${BACKENDS:-magrpo iac}; BASES=${BASES:-target/anchored-study}
 COMMON=${COMMON:-eval_split=0.15 keep_best=true eval_interval=12 eval_num_samples=16 eval_samples_per_item=4}
 read -ra COMMON_ARGS <<< "$COMMON"
+read -ra FIT_ARGS <<< "${FIT:-}"
+read -ra TRAIN_ARGS <<< "${TRAIN:-}"
 . scripts/study-common.sh
 for seed in $SEEDS; do
   s=$DIR/$TASK/seed$seed; mkdir -p "$s"
@@ -32,13 +35,13 @@ for seed in $SEEDS; do
     fi
   fi
   if [ ! -f "$s/base/reward_model/reward_model.json" ]; then
-    echo "$TASK $seed fit-rm $(timed "$s/fit_rm.log" "$PBRL" fit-rm "${args[@]}" --run-dir "$s/base")" >> "$DIR/times"
+    echo "$TASK $seed fit-rm $(timed "$s/fit_rm.log" "$PBRL" fit-rm "${args[@]}" --run-dir "$s/base" "${FIT_ARGS[@]}")" >> "$DIR/times"
   fi
   for backend in $BACKENDS; do
     d=$s/$backend
     [ -f "$d/done" ] && continue
     rm -rf "$d"; cp -r "$s/base" "$d"; rm -rf "$d/eval"
-    o=(rl_algorithm="$backend")
+    o=(rl_algorithm="$backend" "${TRAIN_ARGS[@]}")
     echo "$TASK $seed $backend train $(timed "$d/train.log" "$PBRL" train-marlhf "${args[@]}" --run-dir "$d" "${o[@]}")" >> "$DIR/times"
     echo "$TASK $seed $backend eval $(timed "$d/eval.log" "$PBRL" eval "${args[@]}" --run-dir "$d" "${o[@]}")" >> "$DIR/times"
     if [ -d "$d/final_agents" ]; then
