@@ -48,12 +48,14 @@ echo "== comlrl collect + MADPO on pbrl's round"
 "$VENV/bin/python" scripts/bench_comlrl.py --threads "$T" --round "$OUT/collect-run/preference_replay/iteration_0001.json" \
   --out "$OUT/comlrl.json"
 
-# MARLHF on the same round in a fresh run directory: fit-rm (no held-out share, as the
-# reference), then train-marlhf (magrpo, num_generations 4, one epoch over the 8 items); CoMLRL's
+# MARLHF on the same round in a fresh run directory: fit-rm (the whole model, lr 1e-5, 1 epoch,
+# no held-out share, as the reference), then train-marlhf (magrpo, num_generations 4, one epoch over the 8 items); CoMLRL's
 # MARLHFTrainer the same way, in its own process.
 rm -rf "$OUT/marlhf-run"; mkdir -p "$OUT/marlhf-run"
 cp -r "$OUT/collect-run/preference_replay" "$OUT/marlhf-run/"
-marlhf=("${common[@]/$OUT\/collect-run/$OUT/marlhf-run}" rl_algorithm=magrpo num_generations=4 reward_eval_fraction=0)
+# The reference's reward-model settings (the quickstart's own MARLHF settings differ).
+marlhf=("${common[@]/$OUT\/collect-run/$OUT/marlhf-run}" rl_algorithm=magrpo num_generations=4 reward_eval_fraction=0
+  reward_freeze_backbone=false reward_learning_rate=1e-5 reward_num_train_epochs=1)
 echo "== pbrl fit-rm"; measure "$OUT/pbrl_fit_rm.json" target/release/pbrl fit-rm "${marlhf[@]}"
 echo "== pbrl train-marlhf"; measure "$OUT/pbrl_train_marlhf.json" target/release/pbrl train-marlhf "${marlhf[@]}"
 echo "== comlrl MARLHF on pbrl's round"
