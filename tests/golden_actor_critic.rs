@@ -95,21 +95,9 @@ fn iac_and_maac_updates_match_comlrl() {
             checks.push((&actor, "actor", total.backward().unwrap()));
         }
         for (m, part, grads) in checks {
-            let (mut checked, mut worst) = (0, 0f64);
-            for (param, var) in m.varmap.data().lock().unwrap().iter() {
-                let torch_name =
-                    if param.starts_with("value_head.") { param.clone() } else { format!("model.{param}") };
-                let key = format!("{name}/{part}/{torch_name}");
-                let Some(want) = want_grads.get(&key) else {
-                    assert!(param == "lm_head.weight", "{key}: no reference gradient");
-                    continue;
-                };
-                let got = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("{key}: no gradient"));
-                worst = worst.max(common::assert_grad_close(&key, got, want));
-                checked += 1;
-            }
-            let prefix = format!("{name}/{part}/");
-            assert_eq!(checked, want_grads.keys().filter(|k| k.starts_with(&prefix)).count(), "{prefix}");
+            // PyTorch names the backbone's weights under the wrapper's `model.`.
+            let torch_name = |p: &str| if p.starts_with("value_head.") { p.to_string() } else { format!("model.{p}") };
+            let (checked, worst) = common::check_grads(m, &grads, &want_grads, &format!("{name}/{part}/"), torch_name);
             eprintln!("{name} {part}: {checked} gradients, worst {worst:.1e}");
         }
     }

@@ -54,18 +54,7 @@ fn magrpo_and_marloo_updates_match_comlrl() {
             losses.push(Some(loss));
         }
         let grads = chunk_loss(losses).unwrap().unwrap().backward().unwrap();
-        let (mut checked, mut worst) = (0, 0f64);
-        for (param, var) in m.varmap.data().lock().unwrap().iter() {
-            let key = format!("{name}/{param}");
-            let Some(want) = want_grads.get(&key) else {
-                assert!(param == "lm_head.weight", "{key}: no reference gradient");
-                continue;
-            };
-            let got = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("{key}: no gradient"));
-            worst = worst.max(common::assert_grad_close(&key, got, want));
-            checked += 1;
-        }
-        assert_eq!(checked, want_grads.keys().filter(|k| k.starts_with(&format!("{name}/"))).count());
+        let (checked, worst) = common::check_grads(&m, &grads, &want_grads, &format!("{name}/"), str::to_string);
         eprintln!("{name}: losses {:?}, {checked} gradients, worst {worst:.1e}", case["losses"]);
     }
 }

@@ -67,6 +67,33 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
 }
 
+/// Check every gradient of `m`'s weights against the reference's, stored under
+/// `prefix` + the weight's name as `torch_name` gives it (the tied `lm_head.weight` has none):
+/// each within 1e-4 of its largest entry, and every reference gradient under `prefix` matched.
+/// Returns (gradients checked, worst relative difference).
+#[allow(dead_code)]
+pub fn check_grads(
+    m: &pbrl::model::LoadedModel,
+    grads: &candle_core::backprop::GradStore,
+    want: &std::collections::HashMap<String, Tensor>,
+    prefix: &str,
+    torch_name: impl Fn(&str) -> String,
+) -> (usize, f64) {
+    let (mut checked, mut worst) = (0, 0f64);
+    for (param, var) in m.varmap.data().lock().unwrap().iter() {
+        let key = format!("{prefix}{}", torch_name(param));
+        let Some(w) = want.get(&key) else {
+            assert!(param == "lm_head.weight", "{key}: no reference gradient");
+            continue;
+        };
+        let got = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("{key}: no gradient"));
+        worst = worst.max(assert_grad_close(&key, got, w));
+        checked += 1;
+    }
+    assert_eq!(checked, want.keys().filter(|k| k.starts_with(prefix)).count(), "{prefix}");
+    (checked, worst)
+}
+
 /// Assert a gradient is within 1e-4 of the reference tensor's largest entry (on the CPU);
 /// returns the difference relative to that scale.
 #[allow(dead_code)]
