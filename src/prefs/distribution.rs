@@ -25,15 +25,30 @@ fn series(values: &[f64], range: (f64, f64)) -> Value {
     json!({"sample_count": finite.len(), "mean": mean, "counts": counts, "raw_rewards": finite})
 }
 
-/// The round's distribution record (`reward_distributions/iteration_NNNN.json`).
+/// The round's distribution record (`reward_distributions/iteration_NNNN.json`) of the current
+/// team (`target`) only: a collection round.
 pub fn distribution_record(iteration: u32, range: (f64, f64), candidates: &[f64], selected: &[f64]) -> Value {
+    record(iteration, range, &[("target", candidates)], &[("target", selected)])
+}
+
+/// The same record for an iterative round: the current team's (`target`) and the comparator's
+/// rewards, each side a series (reference §9).
+pub fn comparison_record(iteration: u32, range: (f64, f64), candidates: [&[f64]; 2], selected: [&[f64]; 2]) -> Value {
+    let c = [("target", candidates[0]), ("comparator", candidates[1])];
+    let s = [("target", selected[0]), ("comparator", selected[1])];
+    record(iteration, range, &c, &s)
+}
+
+fn record(iteration: u32, range: (f64, f64), candidates: &[(&str, &[f64])], selected: &[(&str, &[f64])]) -> Value {
     let (edges, _) = histogram(&[], range);
     let centers: Vec<f64> = edges.windows(2).map(|w| (w[0] + w[1]) / 2.0).collect();
+    let sides = |s: &[(&str, &[f64])]| -> serde_json::Map<String, Value> {
+        s.iter().map(|(name, v)| (name.to_string(), series(v, range))).collect()
+    };
     json!({
         "iteration": iteration, "reward_min": range.0, "reward_max": range.1, "num_bins": NUM_BINS,
         "bin_edges": edges, "bin_centers": centers,
-        "candidate": {"target": series(candidates, range)},
-        "selected": {"target": series(selected, range)},
+        "candidate": sides(candidates), "selected": sides(selected),
     })
 }
 

@@ -39,8 +39,7 @@ use serde_json::{json, Value};
 use crate::comparator::api::{ApiComparator, ApiFormat, ApiKey, ApiSettings, RequestSampling, RetryPolicy};
 use crate::config::{Config, DeviceSpec};
 use crate::device::parse_device;
-use crate::model::LoadedModel;
-use crate::prefs::distribution::{histogram, svg, NUM_BINS};
+use crate::prefs::distribution::{comparison_record, histogram, svg};
 use crate::prefs::selection::{select_comparison_pairs, PairSelection, Winner};
 use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
 use crate::progress;
@@ -54,7 +53,7 @@ use crate::task::split::train_items;
 use crate::task::{render_template, TaskItem};
 use crate::team::collab::{centralized_comparator_prompt, has_any_section, parse_joint_response, Collaboration};
 use crate::team::rollout::{rollout, rollout_prompts, Rollout};
-use crate::team::{check_fits, load_team, Agent, Members};
+use crate::team::{check_fits, load_as, load_team, Agent, Members};
 
 pub struct IterateOptions {
     pub resume: bool,
@@ -605,18 +604,7 @@ fn build_comparator<'a>(cfg: &Config, run_dir: &RunDir, round: u32, team: &'a [A
         Some(spec) => DeviceSpec::resolve(Some(spec), team.len(), "comparator_devices")?,
         None => DeviceSpec::resolve(cfg.agent_devices.as_ref(), team.len(), "agent_devices")?,
     };
-    let load = |sources: &[String]| -> Result<Vec<Agent>> {
-        team.iter()
-            .zip(sources)
-            .zip(&devices)
-            .map(|((a, s), d)| {
-                let device = parse_device(d, "comparator_devices")?;
-                let m = LoadedModel::load(s, &device)
-                    .with_context(|| format!("loading comparator `{s}` for agent {}", a.index))?;
-                Ok(a.with_model(m, device))
-            })
-            .collect()
-    };
+    let load = |sources: &[String]| load_as(team, sources, &devices, "comparator");
     let agent_devices = DeviceSpec::resolve(cfg.agent_devices.as_ref(), team.len(), "agent_devices")?;
     Ok(match cfg.comparator_policy.as_str() {
         "current" => Comparator::Team(TeamRef::Current(team)),
@@ -698,20 +686,7 @@ fn write_distributions(
     candidates: [&[f64]; 2],
     selected: [&[f64]; 2],
 ) -> Result<()> {
-    let series = |values: &[f64]| {
-        let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
-        let mean = (!finite.is_empty()).then(|| finite.iter().sum::<f64>() / finite.len() as f64);
-        let (_, counts) = histogram(&finite, range);
-        json!({"sample_count": finite.len(), "mean": mean, "counts": counts, "raw_rewards": finite})
-    };
-    let (edges, _) = histogram(&[], range);
-    let centers: Vec<f64> = edges.windows(2).map(|w| (w[0] + w[1]) / 2.0).collect();
-    let rec = json!({
-        "iteration": round, "reward_min": range.0, "reward_max": range.1, "num_bins": NUM_BINS,
-        "bin_edges": edges, "bin_centers": centers,
-        "candidate": {"target": series(candidates[0]), "comparator": series(candidates[1])},
-        "selected": {"target": series(selected[0]), "comparator": series(selected[1])},
-    });
+    let rec = comparison_record(round, range, candidates, selected);
     let dir = run_dir.root.join("reward_distributions");
     atomic_write(&dir.join(format!("iteration_{round:04}.json")), serde_json::to_string_pretty(&rec)?.as_bytes())?;
     for (side, values) in [("target", candidates[0]), ("comparator", candidates[1])] {

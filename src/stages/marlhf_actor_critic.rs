@@ -30,7 +30,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use super::train_marlhf::{joint_scores, mean, rollout_metrics, rollout_pad, state_dir, Setup, TrainOptions};
+use super::train_marlhf::{abs_mean, joint_scores, mean, rollout_metrics, rollout_pad, state_dir, Setup, TrainOptions};
 use crate::algo::actor_critic::{actor_loss, buffer_advantages, value_loss};
 use crate::config::{Config, DeviceSpec};
 use crate::device::parse_device;
@@ -192,8 +192,7 @@ pub(super) fn train(cfg: &Config, run_dir: &RunDir, setup: &Setup, opts: &TrainO
             let olds: Vec<f64> = samples.iter().map(|s| s.old_value).collect();
             let advantages = buffer_advantages(&targets, &olds, cfg.advantage_normalization);
             metrics[format!("marlhf/value_mean/agent_{a}")] = json!(mean(&olds));
-            metrics[format!("marlhf/advantage_abs_mean/agent_{a}")] =
-                json!(advantages.iter().map(|x| x.abs()).sum::<f64>() / advantages.len().max(1) as f64);
+            metrics[format!("marlhf/advantage_abs_mean/agent_{a}")] = json!(abs_mean(&advantages));
             let mut order: Vec<usize> = (0..samples.len()).collect();
             order.shuffle(&mut ChaCha8Rng::seed_from_u64(derive_seed(
                 cfg.seed,

@@ -232,8 +232,7 @@ fn train_policy_gradient(
                 (0..chunk.len()).map(|j| group_advantages(&returns[j], &kls[a][j], rule)).collect();
             let flat: Vec<f64> = advantages.iter().flatten().copied().collect();
             metrics[format!("marlhf/advantage_mean/agent_{a}")] = json!(mean(&flat));
-            metrics[format!("marlhf/advantage_abs_mean/agent_{a}")] =
-                json!(flat.iter().map(|x| x.abs()).sum::<f64>() / flat.len().max(1) as f64);
+            metrics[format!("marlhf/advantage_abs_mean/agent_{a}")] = json!(abs_mean(&flat));
             // The buffer in a seeded order, cut into the chunks of one update each.
             let mut order: Vec<usize> = (0..chunk.len()).collect();
             let update = step.progress.updates;
@@ -273,6 +272,11 @@ fn train_policy_gradient(
         Ok(())
     })?;
     session.finish()
+}
+
+/// Mean |x| (0 for none): the advantage magnitude both backends log.
+pub(super) fn abs_mean(xs: &[f64]) -> f64 {
+    xs.iter().map(|x| x.abs()).sum::<f64>() / xs.len().max(1) as f64
 }
 
 pub(super) fn mean(xs: &[f64]) -> f64 {

@@ -145,11 +145,17 @@ pub enum Members {
 /// prompts (`what` names the sources in errors).
 pub fn load_reference_team(cfg: &Config, team: &[Agent], sources: &[String], what: &str) -> Result<Vec<Agent>> {
     let devices = DeviceSpec::resolve(cfg.reference_devices.as_ref(), team.len(), "reference_devices")?;
+    load_as(team, sources, &devices, what)
+}
+
+/// The team's actors (index, prompts) played by other models: `sources[i]` on `devices[i]`
+/// (`what` names them in errors).
+pub fn load_as(team: &[Agent], sources: &[String], devices: &[String], what: &str) -> Result<Vec<Agent>> {
     team.iter()
         .zip(devices)
         .zip(sources)
         .map(|((a, d), source)| {
-            let device = parse_device(&d, "reference")?;
+            let device = parse_device(d, what)?;
             let model = LoadedModel::load(source, &device)
                 .with_context(|| format!("loading {what} `{source}` for agent {}", a.index))?;
             Ok(a.with_model(model, device))
