@@ -130,20 +130,18 @@ for p in ["forward_s", "backward_s", "adamw_s"]:
     print(f"{'  ' + p:<40}{ph['pbrl_train'][p]:>10.2f}{ph['torch_train'][p]:>10.2f}{ph['pbrl_train'][p]/ph['torch_train'][p]:>8.2f}")
 ts = m["train_step"]
 print(f"{'train step peak RSS MiB':<40}{ts['pbrl']:>10.0f}{ts['pytorch']:>10.0f}{ts['pbrl']/ts['pytorch']:>8.2f}  <= 1.0")
-c = report["collect_s"]
-print(f"{'collect s (8 items x 4 cand, wall)':<40}{c['pbrl']:>10.1f}{c['comlrl']:>10.1f}{c['pbrl']/c['comlrl']:>8.2f}  <= 0.33")
-md = report["madpo_train_s"]
-print(f"{'MADPO train s (' + str(num_pairs) + ' pairs, batch 2, wall)':<40}{md['pbrl']:>10.1f}{md['comlrl']:>10.1f}{md['pbrl']/md['comlrl']:>8.2f}  <= 0.5")
-mr = m["madpo_run"]
-print(f"{'collect + MADPO peak RSS MiB':<40}{mr['pbrl']:>10.0f}{mr['comlrl']:>10.0f}{mr['pbrl']/mr['comlrl']:>8.2f}  <= 0.6")
-for key, label in [("marlhf_rm_s", "MARLHF reward model s (fit, wall)"), ("marlhf_rl_s", "MARLHF RL s (magrpo, 8 items)")]:
-    x = report[key]
-    print(f"{label:<40}{x['pbrl']:>10.1f}{x['comlrl']:>10.1f}{x['pbrl']/x['comlrl']:>8.2f}  <= 0.5")
-mm = m["marlhf_run"]
-print(f"{'collect + MARLHF peak RSS MiB':<40}{mm['pbrl']:>10.0f}{mm['comlrl']:>10.0f}{mm['pbrl']/mm['comlrl']:>8.2f}  <= 0.6")
-mi = report["madpo_iter_s"]
-print(f"{'iterative MADPO s (4 items x 2 rounds)':<40}{mi['pbrl']:>10.1f}{mi['comlrl']:>10.1f}{mi['pbrl']/mi['comlrl']:>8.2f}  <= 0.5")
-mr = m["madpo_iter_run"]
-print(f"{'iterative MADPO peak RSS MiB':<40}{mr['pbrl']:>10.0f}{mr['comlrl']:>10.0f}{mr['pbrl']/mr['comlrl']:>8.2f}  <= 0.6")
+def row(label, x, target, digits=1):
+    """One line against CoMLRL: pbrl, CoMLRL, their ratio and the target."""
+    print(f"{label:<40}{x['pbrl']:>10.{digits}f}{x['comlrl']:>10.{digits}f}{x['pbrl']/x['comlrl']:>8.2f}  {target}")
+
+
+row("collect s (8 items x 4 cand, wall)", report["collect_s"], "<= 0.33")
+row(f"MADPO train s ({num_pairs} pairs, batch 2, wall)", report["madpo_train_s"], "<= 0.5")
+row("collect + MADPO peak RSS MiB", m["madpo_run"], "<= 0.6", 0)
+row("MARLHF reward model s (fit, wall)", report["marlhf_rm_s"], "<= 0.5")
+row("MARLHF RL s (magrpo, 8 items)", report["marlhf_rl_s"], "<= 0.5")
+row("collect + MARLHF peak RSS MiB", m["marlhf_run"], "<= 0.6", 0)
+row("iterative MADPO s (4 items x 2 rounds)", report["madpo_iter_s"], "<= 0.5")
+row("iterative MADPO peak RSS MiB", m["madpo_iter_run"], "<= 0.6", 0)
 print(f"report: {d}/report.json")
 PY
