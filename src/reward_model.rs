@@ -147,6 +147,26 @@ impl JointRewardModel {
         self.head.forward(&last)
     }
 
+    /// The final hidden states (n, hidden) at the rows' last real tokens, without gradients,
+    /// `batch` rows per forward pass. With a frozen backbone these never change, so a fit
+    /// computes them once and trains the head on them ([`JointRewardModel::score_features`]).
+    pub fn features(&self, rows: &[Vec<u32>], batch: usize) -> Result<Tensor> {
+        let parts = rows
+            .chunks(batch.max(1))
+            .map(|c| Ok(last_token_hidden(&self.backbone, c, Mode::Infer)?.detach()))
+            .collect::<Result<Vec<_>>>()?;
+        match parts.is_empty() {
+            true => bail!("no joint texts to compute features of"),
+            false => Ok(Tensor::cat(&parts, 0)?),
+        }
+    }
+
+    /// Scores (b,) of final hidden states from [`JointRewardModel::features`] (differentiable in
+    /// the head).
+    pub fn score_features(&self, features: &Tensor) -> Result<Tensor> {
+        self.head.forward(features)
+    }
+
     /// Scores of joint texts, without gradients.
     pub fn score_texts(&self, texts: &[String]) -> Result<Vec<f64>> {
         let rows = texts.iter().map(|t| self.encode(t)).collect::<Result<Vec<_>>>()?;
@@ -174,5 +194,31 @@ impl JointRewardModel {
             crate::run::atomic_write(&tmp.join("reward_model.json"), &serde_json::to_vec_pretty(&info)?)
         })
         .with_context(|| format!("saving the reward model to {}", dir.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tiny::tiny_model;
+    use crate::model::Architecture;
+
+    #[test]
+    fn frozen_features_score_as_the_backbone_does() {
+        let backbone = tiny_model(Architecture::Llama, true, 7, candle_core::DType::F32).unwrap();
+        let rm = JointRewardModel::fresh(backbone, 2, None, 3).unwrap();
+        let rows: Vec<Vec<u32>> =
+            (0..7).map(|i| (0..(3 + 2 * i) as u32).map(|t| 4 + (t * 5 + i) % 30).collect()).collect();
+        let through = rm.score_rows(&rows, Mode::Train, false).unwrap().to_vec1::<f32>().unwrap();
+        // Other batchings (other padding) than the one pass through the backbone.
+        for batch in [1, 3, 8] {
+            let f = rm.features(&rows, batch).unwrap();
+            assert_eq!(f.dims(), &[7, rm.backbone.model.config.hidden_size]);
+            let s = rm.score_features(&f).unwrap().to_vec1::<f32>().unwrap();
+            for (a, b) in s.iter().zip(&through) {
+                assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "batch {batch}: {s:?} vs {through:?}");
+            }
+        }
+        assert!(rm.features(&[], 8).is_err());
     }
 }

@@ -14,7 +14,9 @@
 //!    `reward_num_train_epochs` epochs): score winners and losers, loss
 //!    mean −log σ(s_w − s_l), backward, AdamW step (a non-finite loss skips the step); log the
 //!    loss, the share of pairs ordered right and the mean margin; after every epoch (and once
-//!    before the first update), the same on the held-out pairs;
+//!    before the first update), the same on the held-out pairs. With a frozen backbone the
+//!    final hidden states cannot change, so they are computed once before the first update and
+//!    the epochs train the head on them (one backbone pass per text, not one per epoch);
 //! 5. save the reward model to `<run_dir>/reward_model/` (backbone, head, joint-text format).
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
@@ -128,19 +130,42 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     let batch_size = cfg.reward_train_batch_size as usize;
     let batches_per_epoch = train.len().div_ceil(batch_size) as u64;
     let mut held_out = None;
+
+    // A frozen backbone's hidden states cannot change: computed once here, every epoch then
+    // runs the head only (the same scores as through the backbone, without its forward passes).
+    let (frozen_train, frozen_held) = match cfg.reward_freeze_backbone {
+        true => {
+            let t = std::time::Instant::now();
+            let f = (FrozenFeatures::of(&rm, &train)?, FrozenFeatures::of(&rm, &held)?);
+            tracing::info!(
+                "final hidden states of {} joint texts in {:.1} s",
+                2 * (train.len() + held.len()),
+                t.elapsed().as_secs_f64()
+            );
+            f
+        }
+        false => (None, None),
+    };
+    let held_out_now = |rm: &JointRewardModel| held_out_stats(rm, &held, frozen_held.as_ref());
     if !held.is_empty() && session.progress.updates == 0 {
-        held_out = Some(log_held_out(&rm, &held, run_dir, 0)?);
+        held_out = Some(log_held_out(held_out_now(&rm)?, held.len(), run_dir, 0)?);
     }
 
     session.run(train.len(), batch_size, |step, chunk, metrics| {
-        let winners: Vec<Vec<u32>> = chunk.iter().map(|&i| train[i].winner.clone()).collect();
-        let losers: Vec<Vec<u32>> = chunk.iter().map(|&i| train[i].loser.clone()).collect();
-        *step.tokens += winners.iter().chain(&losers).map(Vec::len).sum::<usize>();
+        *step.tokens += chunk.iter().map(|&i| train[i].winner.len() + train[i].loser.len()).sum::<usize>();
         // Two forward passes, as the reference: the head's bias then gets exactly opposite
         // gradients from the two (its true gradient, 0), not a rounding residue AdamW would
         // amplify into a step.
-        let (w, l) =
-            (score(&rm, &winners, cfg.reward_freeze_backbone)?, score(&rm, &losers, cfg.reward_freeze_backbone)?);
+        let (w, l) = match &frozen_train {
+            Some(f) => f.scores(&rm, chunk)?,
+            None => {
+                let rows = |side: fn(&EncodedPair) -> &Vec<u32>| -> Vec<Vec<u32>> {
+                    chunk.iter().map(|&i| side(&train[i]).clone()).collect()
+                };
+                let score = |rows: &[Vec<u32>]| rm.score_rows(rows, Mode::Train, false);
+                (score(&rows(|p| &p.winner))?, score(&rows(|p| &p.loser))?)
+            }
+        };
         let value = |t: &Tensor| -> Result<Vec<f64>> { Ok(t.detach().to_dtype(candle_core::DType::F64)?.to_vec1()?) };
         let stats = pair_stats(&value(&w)?, &value(&l)?);
         let loss = bradley_terry_loss(&w, &l)?;
@@ -154,7 +179,7 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
         // After an epoch's last batch: the held-out pairs.
         let update = step.progress.updates + 1;
         if !held.is_empty() && update.is_multiple_of(batches_per_epoch) {
-            let s = held_out_stats(&rm, &held)?;
+            let s = held_out_now(&rm)?;
             metrics["rm/eval_accuracy"] = json!(s.accuracy);
             metrics["rm/eval_margin_mean"] = json!(s.margin_mean);
             metrics["rm/eval_loss"] = json!(s.loss);
@@ -164,7 +189,7 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     })?;
     if !held.is_empty() && held_out.is_none() {
         // A resumed run that had nothing left to train: measure what it saves.
-        held_out = Some(held_out_stats(&rm, &held)?);
+        held_out = Some(held_out_now(&rm)?);
     }
     crate::run::team::check_finite("the reward model", &rm.backbone)?;
     let out_dir = reward_model_dir(run_dir);
@@ -190,31 +215,57 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     Ok(FitReport { updates: summary.updates, num_pairs: pairs.len(), held_out })
 }
 
-/// Differentiable scores of token rows; with a frozen backbone the hidden states need no graph,
-/// so only the head is differentiated (the backbone runs its inference kernels: no backward
-/// pass through it).
-fn score(rm: &JointRewardModel, rows: &[Vec<u32>], frozen: bool) -> Result<Tensor> {
-    rm.score_rows(rows, if frozen { Mode::Infer } else { Mode::Train }, frozen)
+/// The final hidden states of pairs' two joint texts under a frozen backbone, computed once.
+struct FrozenFeatures {
+    winners: Tensor,
+    losers: Tensor,
 }
 
-/// The held-out pairs' accuracy, mean margin and loss under the model as it is (no gradients).
-fn held_out_stats(rm: &JointRewardModel, held: &[EncodedPair]) -> Result<PairStats> {
+impl FrozenFeatures {
+    fn of(rm: &JointRewardModel, pairs: &[EncodedPair]) -> Result<Option<Self>> {
+        if pairs.is_empty() {
+            return Ok(None);
+        }
+        let rows =
+            |side: fn(&EncodedPair) -> &Vec<u32>| -> Vec<Vec<u32>> { pairs.iter().map(|p| side(p).clone()).collect() };
+        Ok(Some(Self {
+            winners: rm.features(&rows(|p| &p.winner), SCORE_BATCH)?,
+            losers: rm.features(&rows(|p| &p.loser), SCORE_BATCH)?,
+        }))
+    }
+
+    /// Differentiable (in the head) scores of the pairs `idx`: winners, losers.
+    fn scores(&self, rm: &JointRewardModel, idx: &[usize]) -> Result<(Tensor, Tensor)> {
+        let idx: Vec<u32> = idx.iter().map(|&i| i as u32).collect();
+        let idx = Tensor::new(idx.as_slice(), self.winners.device())?;
+        let score = |f: &Tensor| rm.score_features(&f.index_select(&idx, 0)?);
+        Ok((score(&self.winners)?, score(&self.losers)?))
+    }
+}
+
+/// The held-out pairs' accuracy, mean margin and loss under the model as it is (no gradients):
+/// from their frozen features when the backbone is frozen, else through the backbone.
+fn held_out_stats(rm: &JointRewardModel, held: &[EncodedPair], frozen: Option<&FrozenFeatures>) -> Result<PairStats> {
+    let values = |t: Tensor| -> Result<Vec<f64>> { Ok(t.detach().to_dtype(candle_core::DType::F64)?.to_vec1()?) };
+    if let Some(f) = frozen {
+        let (w, l) = f.scores(rm, &(0..held.len()).collect::<Vec<_>>())?;
+        return Ok(pair_stats(&values(w)?, &values(l)?));
+    }
     let mut w = Vec::with_capacity(held.len());
     let mut l = Vec::with_capacity(held.len());
     for chunk in held.chunks(SCORE_BATCH / 2) {
         let rows: Vec<Vec<u32>> =
             chunk.iter().map(|p| p.winner.clone()).chain(chunk.iter().map(|p| p.loser.clone())).collect();
-        let s: Vec<f64> = rm.score_rows(&rows, Mode::Infer, true)?.to_dtype(candle_core::DType::F64)?.to_vec1()?;
+        let s = values(rm.score_rows(&rows, Mode::Infer, true)?)?;
         w.extend_from_slice(&s[..chunk.len()]);
         l.extend_from_slice(&s[chunk.len()..]);
     }
     Ok(pair_stats(&w, &l))
 }
 
-/// [`held_out_stats`], logged as the evaluation after `update` updates.
-fn log_held_out(rm: &JointRewardModel, held: &[EncodedPair], run_dir: &RunDir, update: u64) -> Result<PairStats> {
-    let s = held_out_stats(rm, held)?;
+/// Held-out statistics `s` of `num_pairs` pairs, logged as the evaluation after `update` updates.
+fn log_held_out(s: PairStats, num_pairs: usize, run_dir: &RunDir, update: u64) -> Result<PairStats> {
     run_dir.log_metrics(&json!({"stage": "fit-rm", "update": update, "rm/eval_accuracy": s.accuracy,
-        "rm/eval_margin_mean": s.margin_mean, "rm/eval_loss": s.loss, "rm/eval_pairs": held.len()}))?;
+        "rm/eval_margin_mean": s.margin_mean, "rm/eval_loss": s.loss, "rm/eval_pairs": num_pairs}))?;
     Ok(s)
 }
