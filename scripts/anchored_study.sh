@@ -8,7 +8,8 @@
 #   STUDY_DIR (default target/anchored-study), TASKS (config names, default
 #   "quickstart story_keywords tldr_explain"), SEEDS (default "1 2 3"), VARIANTS (a file of
 #   lines `NAME KEY=VALUE ...`, default the grid below), COMMON (overrides for every stage),
-#   PBRL_THREADS (default: the physical cores). Rerunning continues: finished runs are kept.
+#   PBRL_THREADS (default: the physical cores). Rerunning continues: finished runs are kept
+#   (their logs, evaluations and metrics; their weights, ~3 GB a run, are deleted).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${STUDY_DIR:-target/anchored-study}; TASKS=${TASKS:-quickstart story_keywords tldr_explain}
@@ -34,8 +35,8 @@ for task in $TASKS; do
     args=(--config "configs/$task.toml" seed="$seed" "${COMMON_ARGS[@]}")
     if [ ! -d "$s/base/preference_replay" ]; then
       rm -rf "$s/base"
-      echo "$task $seed base eval $(timed "$s/eval0.log" "$PBRL" eval "${args[@]}" --run-dir "$s/base")" >> "$DIR/times"
-      echo "$task $seed base collect $(timed "$s/collect.log" "$PBRL" collect "${args[@]}" --run-dir "$s/base")" >> "$DIR/times"
+      t=$(timed "$s/eval0.log" "$PBRL" eval "${args[@]}" --run-dir "$s/base"); echo "$task $seed base eval $t" >> "$DIR/times"
+      t=$(timed "$s/collect.log" "$PBRL" collect "${args[@]}" --run-dir "$s/base"); echo "$task $seed base collect $t" >> "$DIR/times"
     fi
     while read -r name overrides; do
       [ -n "$name" ] || continue
@@ -43,11 +44,13 @@ for task in $TASKS; do
       [ -f "$d/done" ] && continue
       rm -rf "$d"; cp -r "$s/base" "$d"; rm -rf "$d/eval"
       read -ra o <<< "$overrides"
-      echo "$task $seed $name train $(timed "$d/train.log" "$PBRL" train-madpo "${args[@]}" --run-dir "$d" "${o[@]}")" >> "$DIR/times"
-      echo "$task $seed $name eval $(timed "$d/eval.log" "$PBRL" eval "${args[@]}" --run-dir "$d" "${o[@]}")" >> "$DIR/times"
+      t=$(timed "$d/train.log" "$PBRL" train-madpo "${args[@]}" --run-dir "$d" "${o[@]}"); echo "$task $seed $name train $t" >> "$DIR/times"
+      t=$(timed "$d/eval.log" "$PBRL" eval "${args[@]}" --run-dir "$d" "${o[@]}"); echo "$task $seed $name eval $t" >> "$DIR/times"
       if [ -d "$d/final_agents" ]; then
-        "$PBRL" eval "${args[@]}" --run-dir "$d" "${o[@]}" --team "$d/final_agents" > "$d/eval_final.log" 2>&1
+        t=$(timed "$d/eval_final.log" "$PBRL" eval "${args[@]}" --run-dir "$d" "${o[@]}" --team "$d/final_agents")
       fi
+      # the evaluations are kept; the weights (~3 GB a run) are not
+      find "$d" -name '*.safetensors' -delete; rm -rf "$d/checkpoints"
       touch "$d/done"
     done < "$VARIANTS"
   done

@@ -25,7 +25,8 @@ echo "== hf generate"; "$VENV/bin/python" scripts/bench_torch.py sample --thread
 
 # Preference collection (8 items x 4 candidates x 2 agents x 32 new tokens, the same prompts),
 # then MADPO training on that round (train_batch_size 2, 1 epoch); CoMLRL trains on the same
-# round file. Each pbrl stage runs in its own process, timed with its peak RSS.
+# round file. Each pbrl stage runs in its own process, timed with its peak RSS. The reference's
+# MADPO (reference-free, no keep-best), whatever the quickstart's own defaults are.
 measure() { # measure OUT.json COMMAND...: wall seconds and peak RSS (MiB) of one process
   local out=$1; shift
   python3 - "$out" "$@" <<'PY'
@@ -41,7 +42,8 @@ head -8 data/length_ratio/train.jsonl > "$OUT/train8.jsonl"
 rm -rf "$OUT/collect-run"
 common=(--config configs/quickstart.toml --run-dir "$OUT/collect-run" --threads "$T" task.train_file="$OUT/train8.jsonl"
   preference_num_candidates=4 preference_pairs_per_sample=2 max_new_tokens=32 temperature=0.6 top_p=0.6 top_k=50
-  collect_batch_size=8 train_batch_size=2 num_train_epochs=1 agent_learning_rate=5e-6 dpo_beta=0.1 eval_interval=0)
+  collect_batch_size=8 train_batch_size=2 num_train_epochs=1 agent_learning_rate=5e-6 dpo_beta=0.1 eval_interval=0
+  madpo_reference=false keep_best=false eval_split=eval_file)
 echo "== pbrl collect"; measure "$OUT/pbrl_collect.json" target/release/pbrl collect "${common[@]}"
 echo "== pbrl train-madpo"; measure "$OUT/pbrl_madpo.json" target/release/pbrl train-madpo "${common[@]}"
 echo "== comlrl collect + MADPO on pbrl's round"

@@ -1,6 +1,6 @@
 """Summarize scripts/anchored_study.sh (or scripts/marlhf_study.sh): per run, the eval reward before and after and the paired
 gain (per-prompt mean after minus before) with its standard error over prompts; per task and
-variant, the mean gain over seeds; the keep-best choice; the brief agent's answer length.
+variant, the mean gain over seeds with its standard error over seeds and the seeds that gained; the keep-best choice; the brief agent's answer length.
 Usage: python3 scripts/study_summary.py STUDY_DIR"""
 import json
 import math
@@ -91,10 +91,17 @@ def main():
         print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.3f} | {r[4]:.3f} | {r[5]:+.3f} ± {r[6]:.3f} | {r[7]:+.3f} ± {r[8]:.3f} | "
               f"{r[9]} ({r[10]} / {r[11]}) | {r[12]:.0f} → {r[13]:.0f} | {r[14]} | {r[15]} |")
     print()
-    print("| task | variant | seeds | mean gain (saved, keep-best) | mean gain (final agents) |")
-    print("|---|---|---|---|---|")
-    for (task, name), v in sorted(agg.items()):
-        print(f"| {task} | {name} | {len(v)} | {sum(g for g, _ in v) / len(v):+.3f} | {sum(f for _, f in v) / len(v):+.3f} |")
+    print("| task | variant | seeds | mean gain ± s.e. over seeds (saved, keep-best) | mean gain ± s.e. (final agents) | seeds with a gain (saved / final) |")
+    print("|---|---|---|---|---|---|")
 
+    def over_seeds(g):
+        m = sum(g) / len(g)
+        se = math.sqrt(sum((x - m) ** 2 for x in g) / (len(g) - 1) / len(g)) if len(g) > 1 else float("nan")
+        return f"{m:+.3f} ± {se:.3f}" if len(g) > 1 else f"{m:+.3f}"
+
+    for (task, name), v in sorted(agg.items()):
+        saved, final = [g for g, _ in v], [f for _, f in v]
+        print(f"| {task} | {name} | {len(v)} | {over_seeds(saved)} | {over_seeds(final)} | "
+              f"{sum(g > 0 for g in saved)} / {sum(f > 0 for f in final)} |")
 
 main()
