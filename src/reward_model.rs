@@ -207,8 +207,7 @@ mod tests {
     fn frozen_features_score_as_the_backbone_does() {
         let backbone = tiny_model(Architecture::Llama, true, 7, candle_core::DType::F32).unwrap();
         let rm = JointRewardModel::fresh(backbone, 2, None, 3).unwrap();
-        let rows: Vec<Vec<u32>> =
-            (0..7).map(|i| (0..(3 + 2 * i) as u32).map(|t| 4 + (t * 5 + i) % 30).collect()).collect();
+        let rows: Vec<Vec<u32>> = (0..7).map(|i| (0..(3 + 2 * i)).map(|t| 4 + (t * 5 + i) % 30).collect()).collect();
         let through = rm.score_rows(&rows, Mode::Train, false).unwrap().to_vec1::<f32>().unwrap();
         // Other batchings (other padding) than the one pass through the backbone.
         for batch in [1, 3, 8] {
