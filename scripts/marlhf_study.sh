@@ -10,7 +10,8 @@
 #   BACKENDS (rl_algorithm values, default "magrpo iac"), BASES (default target/anchored-study),
 #   COMMON (overrides for every stage, default the anchored study's), FIT (overrides for fit-rm
 #   only), TRAIN (overrides for train-marlhf only), PBRL_THREADS.
-#   Rerunning continues: finished runs are kept.
+#   Rerunning continues: finished runs are kept (their logs, evaluations and metrics; not their
+#   weights). A failed stage stops the study.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${STUDY_DIR:-target/marlhf-study}; TASK=${TASK:-quickstart}; SEEDS=${SEEDS:-1 2}
@@ -30,23 +31,25 @@ for seed in $SEEDS; do
       cp -r "$from/base" "$s/base"; cp "$from/eval0.log" "$from/collect.log" "$s/"
       echo "$TASK $seed base from $from 0" >> "$DIR/times"
     else
-      echo "$TASK $seed base eval $(timed "$s/eval0.log" "$PBRL" eval "${args[@]}" --run-dir "$s/base")" >> "$DIR/times"
-      echo "$TASK $seed base collect $(timed "$s/collect.log" "$PBRL" collect "${args[@]}" --run-dir "$s/base")" >> "$DIR/times"
+      t=$(timed "$s/eval0.log" "$PBRL" eval "${args[@]}" --run-dir "$s/base"); echo "$TASK $seed base eval $t" >> "$DIR/times"
+      t=$(timed "$s/collect.log" "$PBRL" collect "${args[@]}" --run-dir "$s/base"); echo "$TASK $seed base collect $t" >> "$DIR/times"
     fi
   fi
   if [ ! -f "$s/base/reward_model/reward_model.json" ]; then
-    echo "$TASK $seed fit-rm $(timed "$s/fit_rm.log" "$PBRL" fit-rm "${args[@]}" --run-dir "$s/base" "${FIT_ARGS[@]}")" >> "$DIR/times"
+    t=$(timed "$s/fit_rm.log" "$PBRL" fit-rm "${args[@]}" --run-dir "$s/base" "${FIT_ARGS[@]}"); echo "$TASK $seed fit-rm $t" >> "$DIR/times"
   fi
   for backend in $BACKENDS; do
     d=$s/$backend
     [ -f "$d/done" ] && continue
     rm -rf "$d"; cp -r "$s/base" "$d"; rm -rf "$d/eval"
     o=(rl_algorithm="$backend" "${TRAIN_ARGS[@]}")
-    echo "$TASK $seed $backend train $(timed "$d/train.log" "$PBRL" train-marlhf "${args[@]}" --run-dir "$d" "${o[@]}")" >> "$DIR/times"
-    echo "$TASK $seed $backend eval $(timed "$d/eval.log" "$PBRL" eval "${args[@]}" --run-dir "$d" "${o[@]}")" >> "$DIR/times"
+    t=$(timed "$d/train.log" "$PBRL" train-marlhf "${args[@]}" --run-dir "$d" "${o[@]}"); echo "$TASK $seed $backend train $t" >> "$DIR/times"
+    t=$(timed "$d/eval.log" "$PBRL" eval "${args[@]}" --run-dir "$d" "${o[@]}"); echo "$TASK $seed $backend eval $t" >> "$DIR/times"
     if [ -d "$d/final_agents" ]; then
-      "$PBRL" eval "${args[@]}" --run-dir "$d" "${o[@]}" --team "$d/final_agents" > "$d/eval_final.log" 2>&1
+      t=$(timed "$d/eval_final.log" "$PBRL" eval "${args[@]}" --run-dir "$d" "${o[@]}" --team "$d/final_agents")
     fi
+    # the evaluations are kept; the weights (several GB a run) are not
+    find "$d" -name '*.safetensors' -delete; rm -rf "$d/checkpoints" "$d/marlhf_training/checkpoints"
     touch "$d/done"
   done
 done
