@@ -136,7 +136,7 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     let (frozen_train, frozen_held) = match cfg.reward_freeze_backbone {
         true => {
             let t = std::time::Instant::now();
-            let f = (FrozenFeatures::of(&rm, &train)?, FrozenFeatures::of(&rm, &held)?);
+            let f = (PairFeatures::of(&rm, &train)?, PairFeatures::of(&rm, &held)?);
             tracing::info!(
                 "final hidden states of {} joint texts in {:.1} s",
                 2 * (train.len() + held.len()),
@@ -159,15 +159,12 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
         let (w, l) = match &frozen_train {
             Some(f) => f.scores(&rm, chunk)?,
             None => {
-                let rows = |side: fn(&EncodedPair) -> &Vec<u32>| -> Vec<Vec<u32>> {
-                    chunk.iter().map(|&i| side(&train[i]).clone()).collect()
-                };
-                let score = |rows: &[Vec<u32>]| rm.score_rows(rows, Mode::Train, false);
-                (score(&rows(|p| &p.winner))?, score(&rows(|p| &p.loser))?)
+                let pairs = || chunk.iter().map(|&i| &train[i]);
+                let score = |rows: Vec<Vec<u32>>| rm.score_rows(&rows, Mode::Train, false);
+                (score(side_rows(pairs(), |p| &p.winner))?, score(side_rows(pairs(), |p| &p.loser))?)
             }
         };
-        let value = |t: &Tensor| -> Result<Vec<f64>> { Ok(t.detach().to_dtype(candle_core::DType::F64)?.to_vec1()?) };
-        let stats = pair_stats(&value(&w)?, &value(&l)?);
+        let stats = pair_stats(&values(&w)?, &values(&l)?);
         let loss = bradley_terry_loss(&w, &l)?;
         if let Some((value, grad_norm)) = step.apply(0, loss, || drop((w, l)))? {
             metrics["rm/loss"] = json!(value);
@@ -215,22 +212,21 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     Ok(FitReport { updates: summary.updates, num_pairs: pairs.len(), held_out })
 }
 
-/// The final hidden states of pairs' two joint texts under a frozen backbone, computed once.
-struct FrozenFeatures {
+/// The final hidden states of pairs' two joint texts (no graph): under a frozen backbone
+/// computed once for the whole fit, else afresh for each held-out evaluation.
+struct PairFeatures {
     winners: Tensor,
     losers: Tensor,
 }
 
-impl FrozenFeatures {
+impl PairFeatures {
     fn of(rm: &JointRewardModel, pairs: &[EncodedPair]) -> Result<Option<Self>> {
         if pairs.is_empty() {
             return Ok(None);
         }
-        let rows =
-            |side: fn(&EncodedPair) -> &Vec<u32>| -> Vec<Vec<u32>> { pairs.iter().map(|p| side(p).clone()).collect() };
         Ok(Some(Self {
-            winners: rm.features(&rows(|p| &p.winner), SCORE_BATCH)?,
-            losers: rm.features(&rows(|p| &p.loser), SCORE_BATCH)?,
+            winners: rm.features(&side_rows(pairs, |p| &p.winner), SCORE_BATCH)?,
+            losers: rm.features(&side_rows(pairs, |p| &p.loser), SCORE_BATCH)?,
         }))
     }
 
@@ -243,24 +239,32 @@ impl FrozenFeatures {
     }
 }
 
+/// One side (winner or loser) of each pair, as token rows.
+fn side_rows<'a>(
+    pairs: impl IntoIterator<Item = &'a EncodedPair>,
+    side: fn(&EncodedPair) -> &Vec<u32>,
+) -> Vec<Vec<u32>> {
+    pairs.into_iter().map(|p| side(p).clone()).collect()
+}
+
+fn values(t: &Tensor) -> Result<Vec<f64>> {
+    Ok(t.detach().to_dtype(candle_core::DType::F64)?.to_vec1()?)
+}
+
 /// The held-out pairs' accuracy, mean margin and loss under the model as it is (no gradients):
-/// from their frozen features when the backbone is frozen, else through the backbone.
-fn held_out_stats(rm: &JointRewardModel, held: &[EncodedPair], frozen: Option<&FrozenFeatures>) -> Result<PairStats> {
-    let values = |t: Tensor| -> Result<Vec<f64>> { Ok(t.detach().to_dtype(candle_core::DType::F64)?.to_vec1()?) };
-    if let Some(f) = frozen {
-        let (w, l) = f.scores(rm, &(0..held.len()).collect::<Vec<_>>())?;
-        return Ok(pair_stats(&values(w)?, &values(l)?));
-    }
-    let mut w = Vec::with_capacity(held.len());
-    let mut l = Vec::with_capacity(held.len());
-    for chunk in held.chunks(SCORE_BATCH / 2) {
-        let rows: Vec<Vec<u32>> =
-            chunk.iter().map(|p| p.winner.clone()).chain(chunk.iter().map(|p| p.loser.clone())).collect();
-        let s = values(rm.score_rows(&rows, Mode::Infer, true)?)?;
-        w.extend_from_slice(&s[..chunk.len()]);
-        l.extend_from_slice(&s[chunk.len()..]);
-    }
-    Ok(pair_stats(&w, &l))
+/// from the frozen backbone's features when given, else from the backbone as it is now.
+fn held_out_stats(rm: &JointRewardModel, held: &[EncodedPair], frozen: Option<&PairFeatures>) -> Result<PairStats> {
+    let computed;
+    let f = match frozen {
+        Some(f) => Some(f),
+        None => {
+            computed = PairFeatures::of(rm, held)?;
+            computed.as_ref()
+        }
+    };
+    let Some(f) = f else { return Ok(pair_stats(&[], &[])) };
+    let (w, l) = f.scores(rm, &(0..held.len()).collect::<Vec<_>>())?;
+    Ok(pair_stats(&values(&w)?, &values(&l)?))
 }
 
 /// Held-out statistics `s` of `num_pairs` pairs, logged as the evaluation after `update` updates.
