@@ -49,6 +49,20 @@ fn train_and_infer_kernels_agree() {
     assert!(d < 1e-5, "{d}");
 }
 
+/// Inference keeps no autograd graph (the weights are variables, so it would otherwise hold
+/// every layer's activations): its results are detached; training's are not.
+#[test]
+fn inference_returns_tensors_without_a_graph() {
+    common::init();
+    let m = tiny_model(Architecture::Llama, false, 1, DType::F32).unwrap();
+    let b = PaddedBatch::new(&rows(), 0, Padding::Right, &Device::Cpu).unwrap();
+    for (mode, tracked) in [(Mode::Infer, false), (Mode::Train, true)] {
+        let logits = m.model.forward(&b.ids, &b.positions, &b.bias, None, mode).unwrap();
+        let hidden = m.model.forward_rows(&b.ids, &b.positions, &b.bias, None, mode).unwrap();
+        assert_eq!((logits.track_op(), hidden.track_op()), (tracked, tracked), "{mode:?}");
+    }
+}
+
 #[test]
 fn kv_cache_incremental_logits_equal_full_forward() {
     common::init();

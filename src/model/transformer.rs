@@ -475,6 +475,13 @@ impl CausalLm {
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_deref_mut().map(|c| (&mut c.layers[i], c.capacity));
             x = layer.forward(&x, (b, s), &rope, bias, slot, mode)?;
+            if let Mode::Infer = mode {
+                // No autograd graph in inference: the weights are variables, so candle would
+                // otherwise keep every layer's activations (attention probabilities included)
+                // alive until the result is dropped; cut here, each layer's are freed as soon
+                // as the next layer has its output.
+                x = x.detach();
+            }
         }
         self.norm.forward(&x, mode)
     }
@@ -494,6 +501,10 @@ impl CausalLm {
         mode: Mode,
     ) -> Result<Tensor> {
         let h = self.forward_hidden(ids, positions, bias, cache, mode)?;
-        self.lm_head(&h)
+        let logits = self.lm_head(&h)?;
+        Ok(match mode {
+            Mode::Infer => logits.detach(),
+            Mode::Train => logits,
+        })
     }
 }
