@@ -213,6 +213,7 @@ fn killed_at_random_moments_and_resumed_ends_bit_identical() {
     let t0 = std::time::Instant::now();
     ok(pbrl(&["train-madpo", "--config", "c.toml", "--run-dir", "whole"], d));
     let whole = t0.elapsed();
+    assert!(pbrl::run::checkpoint::finished(&d.join("whole")).unwrap().is_some(), "a finished run is marked");
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let (mut kills, mut done) = (0, false);
     let args = || {
@@ -228,6 +229,12 @@ fn killed_at_random_moments_and_resumed_ends_bit_identical() {
         args
     };
     for _ in 0..10 {
+        // A kill that came after the run marked itself finished (its agents saved) ended a
+        // complete run: there is nothing left to resume (and `--resume` says so).
+        if pbrl::run::checkpoint::finished(&d.join("killed")).unwrap().is_some() {
+            done = true;
+            break;
+        }
         let args = args();
         let mut child = Command::new(common::pbrl_bin())
             .args(&args)
