@@ -18,18 +18,20 @@ import sys
 from pathlib import Path
 
 
-def joint_text(prompts, completions):
-    # pbrl's (and the reference's) joint text: src/algo/bradley_terry.rs `joint_text`
-    parts = ["Joint multi-agent response"]
+def joint_text(fmt, prompts, completions):
+    # the joint text as the reward model's reward_model.json describes it (agents from 1)
+    parts = [fmt["header"]]
     for i, (p, c) in enumerate(zip(prompts, completions)):
-        parts += [f"Agent {i + 1} prompt:\n{p}", f"Agent {i + 1} response:\n{c}"]
-    return "\n\n".join(parts)
+        parts += [fmt["agent_prompt"].format(i=i + 1, prompt=p),
+                  fmt["agent_response"].format(i=i + 1, response=c)]
+    return fmt["separator"].join(parts)
 
 
 def main():
     report, rm = sys.argv[1], sys.argv[2]
     items = json.load(open(report))["items"]
-    texts = [joint_text(it["prompts"], it["completions"]) for it in items]
+    fmt = json.load(open(Path(rm) / "reward_model.json"))["joint_text"]
+    texts = [joint_text(fmt, it["prompts"], it["completions"]) for it in items]
     scorer = Path(__file__).with_name("score_reward_model.py")
     out = subprocess.run([sys.executable, str(scorer), rm], input=json.dumps(texts),
                          capture_output=True, text=True, check=True)
