@@ -137,14 +137,10 @@ impl JointRewardModel {
         Ok(ids)
     }
 
-    /// Scores (b,) of token rows (right-padded into one batch); `detach_backbone`: gradients
-    /// reach the head only.
-    pub fn score_rows(&self, rows: &[Vec<u32>], mode: Mode, detach_backbone: bool) -> Result<Tensor> {
-        let mut last = last_token_hidden(&self.backbone, rows, mode)?;
-        if detach_backbone {
-            last = last.detach();
-        }
-        self.head.forward(&last)
+    /// Scores (b,) of token rows (right-padded into one batch). With `Mode::Infer` the
+    /// backbone's output carries no graph, so gradients reach the head only.
+    pub fn score_rows(&self, rows: &[Vec<u32>], mode: Mode) -> Result<Tensor> {
+        self.head.forward(&last_token_hidden(&self.backbone, rows, mode)?)
     }
 
     /// The final hidden states (n, hidden) at the rows' last real tokens, without gradients,
@@ -153,7 +149,7 @@ impl JointRewardModel {
     pub fn features(&self, rows: &[Vec<u32>], batch: usize) -> Result<Tensor> {
         let parts = rows
             .chunks(batch.max(1))
-            .map(|c| Ok(last_token_hidden(&self.backbone, c, Mode::Infer)?.detach()))
+            .map(|c| last_token_hidden(&self.backbone, c, Mode::Infer))
             .collect::<Result<Vec<_>>>()?;
         match parts.is_empty() {
             true => bail!("no joint texts to compute features of"),
@@ -170,7 +166,7 @@ impl JointRewardModel {
     /// Scores of joint texts, without gradients.
     pub fn score_texts(&self, texts: &[String]) -> Result<Vec<f64>> {
         let rows = texts.iter().map(|t| self.encode(t)).collect::<Result<Vec<_>>>()?;
-        let s = self.score_rows(&rows, Mode::Infer, true)?.detach();
+        let s = self.score_rows(&rows, Mode::Infer)?.detach();
         Ok(s.to_dtype(candle_core::DType::F64)?.to_vec1()?)
     }
 
@@ -208,7 +204,7 @@ mod tests {
         let backbone = tiny_model(Architecture::Llama, true, 7, candle_core::DType::F32).unwrap();
         let rm = JointRewardModel::fresh(backbone, 2, None, 3).unwrap();
         let rows: Vec<Vec<u32>> = (0..7).map(|i| (0..(3 + 2 * i)).map(|t| 4 + (t * 5 + i) % 30).collect()).collect();
-        let through = rm.score_rows(&rows, Mode::Train, false).unwrap().to_vec1::<f32>().unwrap();
+        let through = rm.score_rows(&rows, Mode::Train).unwrap().to_vec1::<f32>().unwrap();
         // Other batchings (other padding) than the one pass through the backbone.
         for batch in [1, 3, 8] {
             let f = rm.features(&rows, batch).unwrap();

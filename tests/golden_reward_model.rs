@@ -71,8 +71,8 @@ fn bradley_terry_scores_losses_and_gradients_match_comlrl() {
             assert!(rows.iter().all(|r| r.len() <= cut) && rows.iter().any(|r| r.len() == cut), "{name}: truncated");
         }
         // Winners and losers in two forward passes, as the reference and `fit-rm` score them.
-        let w = rm.score_rows(&rows[..n], Mode::Train, false).unwrap();
-        let l = rm.score_rows(&rows[n..], Mode::Train, false).unwrap();
+        let w = rm.score_rows(&rows[..n], Mode::Train).unwrap();
+        let l = rm.score_rows(&rows[n..], Mode::Train).unwrap();
         let values = |t: &Tensor| -> Vec<f64> { t.to_dtype(DType::F64).unwrap().to_vec1().unwrap() };
         close(&values(&w), &case["winner_scores"], 1e-5, &format!("{name} winner scores"));
         close(&values(&l), &case["loser_scores"], 1e-5, &format!("{name} loser scores"));
@@ -111,7 +111,7 @@ fn bradley_terry_scores_losses_and_gradients_match_comlrl() {
                 AdamW::new(rm.trainable(false), AdamWConfig::torch_defaults(g["lr"].as_f64().unwrap())).unwrap();
             opt.step(&grads).unwrap();
             let s: Vec<f64> =
-                rm.score_rows(&rows[..n], Mode::Infer, true).unwrap().to_dtype(DType::F64).unwrap().to_vec1().unwrap();
+                rm.score_rows(&rows[..n], Mode::Infer).unwrap().to_dtype(DType::F64).unwrap().to_vec1().unwrap();
             close(&s, after, 1e-5, &format!("{name} winner scores after one AdamW step"));
         }
     }
@@ -127,8 +127,8 @@ fn a_frozen_backbone_trains_the_head_only_with_the_same_head_gradients() {
     let (rm, rows) = setup(case, &pairs);
     let trainable: Vec<String> = rm.trainable(true).into_iter().map(|(k, _)| k).collect();
     assert_eq!(trainable, vec!["reward_head.bias".to_string(), "reward_head.weight".to_string()]);
-    let w = rm.score_rows(&rows[..n], Mode::Infer, true).unwrap();
-    let l = rm.score_rows(&rows[n..], Mode::Infer, true).unwrap();
+    let w = rm.score_rows(&rows[..n], Mode::Infer).unwrap();
+    let l = rm.score_rows(&rows[n..], Mode::Infer).unwrap();
     let values: Vec<f64> = w.to_dtype(DType::F64).unwrap().to_vec1().unwrap();
     close(&values, &case["winner_scores"], 1e-5, "frozen winner scores");
     let loss = bradley_terry_loss(&w, &l).unwrap();

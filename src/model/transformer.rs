@@ -474,16 +474,10 @@ impl CausalLm {
         }
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_deref_mut().map(|c| (&mut c.layers[i], c.capacity));
-            x = layer.forward(&x, (b, s), &rope, bias, slot, mode)?;
-            if let Mode::Infer = mode {
-                // No autograd graph in inference: the weights are variables, so candle would
-                // otherwise keep every layer's activations (attention probabilities included)
-                // alive until the result is dropped; cut here, each layer's are freed as soon
-                // as the next layer has its output.
-                x = x.detach();
-            }
+            // Each layer's activations are freed as soon as the next layer has its output.
+            x = without_graph(layer.forward(&x, (b, s), &rope, bias, slot, mode)?, mode);
         }
-        self.norm.forward(&x, mode)
+        Ok(without_graph(self.norm.forward(&x, mode)?, mode))
     }
 
     /// LM head on hidden states of any leading shape.
@@ -501,10 +495,17 @@ impl CausalLm {
         mode: Mode,
     ) -> Result<Tensor> {
         let h = self.forward_hidden(ids, positions, bias, cache, mode)?;
-        let logits = self.lm_head(&h)?;
-        Ok(match mode {
-            Mode::Infer => logits.detach(),
-            Mode::Train => logits,
-        })
+        Ok(without_graph(self.lm_head(&h)?, mode))
+    }
+}
+
+/// In inference, `t` cut from its autograd graph: the weights are variables, so candle would
+/// otherwise record every op and keep all layers' activations (attention probabilities
+/// included) alive until the result is dropped. No inference result carries a graph, so
+/// callers never need to detach one.
+fn without_graph(t: Tensor, mode: Mode) -> Tensor {
+    match mode {
+        Mode::Infer => t.detach(),
+        Mode::Train => t,
     }
 }

@@ -160,7 +160,7 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
             Some(f) => f.scores(&rm, chunk)?,
             None => {
                 let pairs = || chunk.iter().map(|&i| &train[i]);
-                let score = |rows: Vec<Vec<u32>>| rm.score_rows(&rows, Mode::Train, false);
+                let score = |rows: Vec<Vec<u32>>| rm.score_rows(&rows, Mode::Train);
                 (score(side_rows(pairs(), |p| &p.winner))?, score(side_rows(pairs(), |p| &p.loser))?)
             }
         };
@@ -254,15 +254,8 @@ fn values(t: &Tensor) -> Result<Vec<f64>> {
 /// The held-out pairs' accuracy, mean margin and loss under the model as it is (no gradients):
 /// from the frozen backbone's features when given, else from the backbone as it is now.
 fn held_out_stats(rm: &JointRewardModel, held: &[EncodedPair], frozen: Option<&PairFeatures>) -> Result<PairStats> {
-    let computed;
-    let f = match frozen {
-        Some(f) => Some(f),
-        None => {
-            computed = PairFeatures::of(rm, held)?;
-            computed.as_ref()
-        }
-    };
-    let Some(f) = f else { return Ok(pair_stats(&[], &[])) };
+    let fresh = if frozen.is_none() { PairFeatures::of(rm, held)? } else { None };
+    let Some(f) = frozen.or(fresh.as_ref()) else { return Ok(pair_stats(&[], &[])) };
     let (w, l) = f.scores(rm, &(0..held.len()).collect::<Vec<_>>())?;
     Ok(pair_stats(&values(&w)?, &values(&l)?))
 }
