@@ -2,7 +2,7 @@
 //! `scripts/bench.sh` runs it beside the PyTorch baseline (scripts/bench_torch.py) on the same
 //! token ids and reports ratios.
 //!
-//!   cargo bench --bench runtime -- sample|train --model M.gguf --out result.json [--steps N] [--device cuda:0]
+//!   cargo bench --bench runtime -- sample|train|gemm --model M.gguf --out result.json [--steps N] [--device cuda:0]
 //!
 //! train: B = 4 × 128 tokens (2 pairs of chosen/rejected, ~48-token ChatML prompts), forward +
 //! completion log-probs + a DPO-style loss + backward + AdamW; the median of `steps` steps after
@@ -130,20 +130,56 @@ fn bench_sample(m: &LoadedModel) -> Result<serde_json::Value> {
               "prompt": prompt, "peak_rss_mib": peak_rss_mib()}))
 }
 
+/// Each kernel family this CPU has on SmolLM2-135M's linear products (x (rows, in) · Wᵀ, W
+/// (out, in): attention 576→576, MLP 576→1536 and 1536→576, the LM head 576→49152) at the
+/// row counts of decode steps (8, 16) up to training's (512): GFLOP/s, the best of 10 runs.
+fn bench_gemm() -> Result<serde_json::Value> {
+    use pbrl::model::gemm::{matmul, KernelFamily, Operand};
+    let mut out = Vec::new();
+    for family in [KernelFamily::Avx512, KernelFamily::Avx2] {
+        if !family.available() {
+            continue;
+        }
+        for (k, n) in [(576, 576), (576, 1536), (1536, 576), (576, 49152)] {
+            for rows in [8, 16, 32, 64, 128, 512] {
+                let x: Vec<f32> = (0..rows * k).map(|i| (i % 7) as f32 * 0.1).collect();
+                let w: Vec<f32> = (0..n * k).map(|i| (i % 5) as f32 * 0.1).collect();
+                let mut best = f64::INFINITY;
+                for _ in 0..10 {
+                    let t = Instant::now();
+                    let y = matmul(family, rows, n, k, Operand::row_major(&x, k), Operand::transposed(&w, k))
+                        .map_err(anyhow::Error::msg)?;
+                    best = best.min(t.elapsed().as_secs_f64());
+                    std::hint::black_box(y);
+                }
+                let gflops = 2.0 * (rows * n * k) as f64 / best / 1e9;
+                eprintln!("{:<7} rows {rows:>4} in {k:>5} out {n:>6}: {gflops:>7.1} GFLOP/s", family.name());
+                out.push(json!({"family": family.name(), "rows": rows, "in": k, "out": n, "gflops": gflops}));
+            }
+        }
+    }
+    Ok(json!({"gemm": out}))
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let mode =
-        args.iter().skip(1).find(|a| *a == "sample" || *a == "train").cloned().context("mode: sample | train")?;
+    let mode = args
+        .iter()
+        .skip(1)
+        .find(|a| ["sample", "train", "gemm"].contains(&a.as_str()))
+        .cloned()
+        .context("mode: sample | train | gemm")?;
     let model = arg(&args, "--model").unwrap_or_else(|| "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".into());
     let threads = pbrl::device::init_threads(arg(&args, "--threads").and_then(|t| t.parse().ok()));
     let steps = arg(&args, "--steps").and_then(|s| s.parse().ok()).unwrap_or(3);
     let device = pbrl::device::parse_device(&arg(&args, "--device").unwrap_or_else(|| "cpu".into()), "--device")?;
-    let m = LoadedModel::load(&model, &device)?;
     let mut result = match mode.as_str() {
-        "train" => bench_train(&m, steps)?,
-        _ => bench_sample(&m)?,
+        "gemm" => bench_gemm()?,
+        "train" => bench_train(&LoadedModel::load(&model, &device)?, steps)?,
+        _ => bench_sample(&LoadedModel::load(&model, &device)?)?,
     };
     result["threads"] = json!(threads);
+    result["gemm_kernels"] = json!(pbrl::model::gemm::kernel_choice().map_err(anyhow::Error::msg)?.describe());
     result["device"] = json!(format!("{device:?}"));
     let text = serde_json::to_string(&result)?;
     match arg(&args, "--out") {

@@ -80,15 +80,13 @@ import json, platform, sys
 d = sys.argv[1]
 
 
-def machine():
+def machine(gemm):
     """The CPU the figures belong to: model name, the vector ISAs it offers, what pbrl's GEMM uses."""
     info = open("/proc/cpuinfo").read() if platform.system() == "Linux" else ""
     model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), platform.processor())
     flags = set(next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), []))
     isa = [f for f in ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
                        "amx_tile"] if f in flags]
-    # gemm 0.19 without its x86-v4 feature (pbrl's build) dispatches to its FMA (AVX2) kernels.
-    gemm = "fma (AVX2, 256-bit)" if "fma" in flags else "scalar"
     return {"cpu_model": model, "isa": isa, "logical_cpus": info.count("processor\t:"), "pbrl_gemm_kernels": gemm}
 
 
@@ -118,7 +116,8 @@ report = {
         "madpo_iter_run": {"pbrl": r["pbrl_iterate"]["peak_rss_mib"], "comlrl": r["comlrl_iterate"]["peak_rss_mib"]},
     },
     "threads": r["pbrl_train"]["threads"],
-    "machine": machine(),
+    # the kernel rule pbrl's linear layers followed (src/model/gemm.rs; PBRL_GEMM forces one)
+    "machine": machine(r["pbrl_train"]["gemm_kernels"]),
 }
 json.dump(report, open(f"{d}/report.json", "w"), indent=1)
 s, t, m = report["sampling_tokens_per_s"], report["train_step_s"], report["peak_rss_mib"]

@@ -23,6 +23,14 @@ fn main() -> ExitCode {
         }
     };
     pbrl::device::init_threads(threads);
+    // A bad PBRL_GEMM is a user error up front, not inside the first matrix product.
+    match pbrl::model::gemm::kernel_choice() {
+        Ok(choice) => tracing::debug!("matrix kernels: {}", choice.describe()),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -3,6 +3,7 @@
 pub mod batch;
 pub mod chat_template;
 pub mod config;
+pub mod gemm;
 pub mod heads;
 pub mod load;
 pub mod ops;

@@ -60,6 +60,27 @@ macro_rules! dispatch2 {
 // ---------------------------------------------------------------------------------------------
 // Linear: y = x Wᵀ
 
+/// `a (m, k) · b (k, n)` for 2-D CPU operands in any strides: f32 on the kernels
+/// `super::gemm` picks for the output's shape, other types on candle's matmul.
+fn cpu_matmul(
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+    (m, n, k): (usize, usize, usize),
+) -> Result<CpuStorage> {
+    use super::gemm::{kernel_choice, matmul, Operand};
+    let (CpuStorage::F32(av), CpuStorage::F32(bv)) = (a, b) else {
+        return a.matmul(b, (1, m, n, k), la, lb);
+    };
+    fn operand<'a>(v: &'a [f32], l: &Layout) -> Operand<'a> {
+        Operand { data: &v[l.start_offset()..], row_stride: l.stride()[0], col_stride: l.stride()[1] }
+    }
+    let family = kernel_choice().map_err(candle_core::Error::msg)?.family(m, n);
+    let y = matmul(family, m, n, k, operand(av, la), operand(bv, lb)).map_err(candle_core::Error::msg)?;
+    Ok(CpuStorage::F32(y))
+}
+
 struct Linear;
 
 impl CustomOp2 for Linear {
@@ -69,7 +90,7 @@ impl CustomOp2 for Linear {
 
     fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, w: &CpuStorage, lw: &Layout) -> Result<(CpuStorage, Shape)> {
         let ((m, k), (n, _)) = (lx.shape().dims2()?, lw.shape().dims2()?);
-        let y = x.matmul(w, (1, m, n, k), lx, &lw.transpose(0, 1)?)?;
+        let y = cpu_matmul(x, lx, w, &lw.transpose(0, 1)?, (m, n, k))?;
         Ok((y, Shape::from((m, n))))
     }
 
@@ -87,9 +108,36 @@ impl CustomOp2 for Linear {
     }
 
     fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let dx = g.matmul(w)?; // (m, n)(n, k)
-        let dw = g.t()?.matmul(x)?; // (n, m)(m, k): already in W's layout
+        let dx = g.apply_op2_no_bwd(w, &MatMul)?; // (m, n)(n, k)
+        let dw = g.t()?.apply_op2_no_bwd(x, &MatMul)?; // (n, m)(m, k): already in W's layout
         Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// `a · b` for 2-D operands in any strides, without a backward pass (the linear layer's
+/// gradients): on the CPU through [`cpu_matmul`]'s kernel choice.
+struct MatMul;
+
+impl CustomOp2 for MatMul {
+    fn name(&self) -> &'static str {
+        "matmul-2d"
+    }
+
+    fn cpu_fwd(&self, a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Result<(CpuStorage, Shape)> {
+        let ((m, k), (_, n)) = (la.shape().dims2()?, lb.shape().dims2()?);
+        Ok((cpu_matmul(a, la, b, lb, (m, n, k))?, Shape::from((m, n))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        a: &candle_core::CudaStorage,
+        la: &Layout,
+        b: &candle_core::CudaStorage,
+        lb: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let ((m, k), (_, n)) = (la.shape().dims2()?, lb.shape().dims2()?);
+        Ok((a.matmul(b, (1, m, n, k), la, lb)?, Shape::from((m, n))))
     }
 }
 
