@@ -264,7 +264,9 @@ mod tests {
             if !family.available() {
                 continue;
             }
-            for (m, n, k) in [(1, 1, 1), (4, 3, 0), (3, 5, 7), (8, 576, 64), (40, 33, 17), (64, 96, 128), (130, 140, 33)] {
+            for (m, n, k) in
+                [(1, 1, 1), (4, 3, 0), (3, 5, 7), (8, 576, 64), (40, 33, 17), (64, 96, 128), (130, 140, 33)]
+            {
                 let (a, b) = (data(m * k, 1), data(k * n, 2));
                 let want = naive(m, n, k, &a, &b);
                 let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect(); // (n, k)

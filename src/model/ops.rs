@@ -2,14 +2,13 @@
 //!
 //! candle's autograd records every elementary op and accumulates each gradient as
 //! `zeros + grad`, so composite softmax and rope cost many full passes over the activations in
-//! backward. These ops do each forward and each backward in one pass. (RMSNorm in training is
-//! the composition of candle ops, `transformer::RmsNorm`, which the golden gradients were
-//! measured with.)
+//! backward. These ops do each forward and each backward in one pass.
 //!
-//! - [`linear`] works on every device (it calls the backend's own matmul) and returns dW in the
-//!   weight's (out, in) layout, where `x.matmul(w.t())` would return it transposed and pay a
+//! - [`linear`] works on every device (f32 on the CPU through `super::gemm`'s kernel choice,
+//!   forward and backward; elsewhere the backend's own matmul) and returns dW in the weight's
+//!   (out, in) layout, where `x.matmul(w.t())` would return it transposed and pay a
 //!   strided add to accumulate it.
-//! - [`softmax_last_dim`], [`split_heads`] (with the rotary embedding),
+//! - [`softmax_last_dim`], [`rms_norm`], [`split_heads`] (with the rotary embedding),
 //!   [`merge_heads`] and [`token_log_probs`] have CPU kernels (f32 and f64); on other devices
 //!   they fall back to the differentiable compositions of candle ops named `*_composite`.
 use candle_core::backend::BackendStorage;
@@ -222,6 +221,155 @@ pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 /// Softmax from differentiable candle ops.
 pub fn softmax_composite(x: &Tensor) -> Result<Tensor> {
     candle_nn::ops::softmax(x, D::Minus1)
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm over the last dimension: y = x · r ⊙ w, r = 1/sqrt(mean(x²) + eps)
+
+/// 1/sqrt(mean(x²) + eps) of one row, summed in f64 as the candle composition's mean is not:
+/// the two agree to ~1e-7 relative.
+fn inv_rms<T: Float>(x: &[T], eps: f64) -> T {
+    let ms = x.iter().map(|v| v.to_f64().unwrap_or(f64::NAN).powi(2)).sum::<f64>() / x.len() as f64;
+    T::from(1.0 / (ms + eps).sqrt()).unwrap_or(T::nan())
+}
+
+struct RmsNorm {
+    eps: f64,
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rms-norm"
+    }
+
+    fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, w: &CpuStorage, lw: &Layout) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float + Send + Sync>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
+            let mut y = vec![T::zero(); x.len()];
+            y.par_chunks_mut(w.len()).zip(x.par_chunks(w.len())).for_each(|(y, x)| {
+                let r = inv_rms(x, eps);
+                for i in 0..x.len() {
+                    y[i] = x[i] * r * w[i];
+                }
+            });
+            y
+        }
+        let eps = self.eps;
+        let out = dispatch2!("rms-norm", (x, lx), (w, lw), |x, w| run(x, w, eps));
+        Ok((out, lx.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let g = g.contiguous()?;
+        let dx = x.apply_op3_no_bwd(w, &g, &RmsNormGradX { eps: self.eps })?;
+        let dw = x.apply_op2_no_bwd(&g, &RmsNormGradW { eps: self.eps, dim: w.elem_count() })?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// dx = r · (g⊙w − x̂ · mean(g⊙w⊙x̂)), x̂ = x · r, row by row.
+struct RmsNormGradX {
+    eps: f64,
+}
+
+impl CustomOp3 for RmsNormGradX {
+    fn name(&self) -> &'static str {
+        "rms-norm-grad-x"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        lx: &Layout,
+        w: &CpuStorage,
+        lw: &Layout,
+        g: &CpuStorage,
+        lg: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float + Send + Sync>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
+            let d = w.len();
+            let mut dx = vec![T::zero(); x.len()];
+            dx.par_chunks_mut(d).zip(x.par_chunks(d)).zip(g.par_chunks(d)).for_each(|((dx, x), g)| {
+                let r = inv_rms(x, eps);
+                let dot = (0..d).fold(T::zero(), |a, i| a + g[i] * w[i] * x[i] * r) / T::from(d).unwrap_or(T::nan());
+                for i in 0..d {
+                    dx[i] = r * (g[i] * w[i] - x[i] * r * dot);
+                }
+            });
+            dx
+        }
+        let n = "rms-norm-grad-x";
+        let out = match (x, w, g) {
+            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(g)) => CpuStorage::F32(run(
+                contiguous_slice(x, lx, n)?,
+                contiguous_slice(w, lw, n)?,
+                contiguous_slice(g, lg, n)?,
+                self.eps,
+            )),
+            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(g)) => CpuStorage::F64(run(
+                contiguous_slice(x, lx, n)?,
+                contiguous_slice(w, lw, n)?,
+                contiguous_slice(g, lg, n)?,
+                self.eps,
+            )),
+            _ => candle_core::bail!("{n}: operands must all be f32 or all f64"),
+        };
+        Ok((out, lx.shape().clone()))
+    }
+}
+
+/// dw = Σ_rows g ⊙ x̂, summed over fixed blocks of rows in a fixed order (deterministic under
+/// any thread count).
+struct RmsNormGradW {
+    eps: f64,
+    dim: usize,
+}
+
+impl CustomOp2 for RmsNormGradW {
+    fn name(&self) -> &'static str {
+        "rms-norm-grad-w"
+    }
+
+    fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, g: &CpuStorage, lg: &Layout) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float + Send + Sync>(x: &[T], g: &[T], d: usize, eps: f64) -> Vec<T> {
+            const BLOCK_ROWS: usize = 64;
+            let partial: Vec<Vec<T>> = x
+                .par_chunks(d * BLOCK_ROWS)
+                .zip(g.par_chunks(d * BLOCK_ROWS))
+                .map(|(x, g)| {
+                    let mut acc = vec![T::zero(); d];
+                    for (x, g) in x.chunks(d).zip(g.chunks(d)) {
+                        let r = inv_rms(x, eps);
+                        for i in 0..d {
+                            acc[i] = acc[i] + g[i] * x[i] * r;
+                        }
+                    }
+                    acc
+                })
+                .collect();
+            let mut dw = vec![T::zero(); d];
+            for p in partial {
+                dw.iter_mut().zip(p).for_each(|(a, b)| *a = *a + b);
+            }
+            dw
+        }
+        let (d, eps) = (self.dim, self.eps);
+        let out = dispatch2!("rms-norm-grad-w", (x, lx), (g, lg), |x, g| run(x, g, d, eps));
+        Ok((out, Shape::from(d)))
+    }
+}
+
+/// Differentiable RMSNorm of x over its last dimension with weight w (shape: that dimension).
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    if cpu_float(x) && w.dtype() == x.dtype() && x.dims().last() == Some(&w.elem_count()) {
+        return x.contiguous()?.apply_op2(&w.contiguous()?, RmsNorm { eps });
+    }
+    rms_norm_composite(x, w, eps)
+}
+
+/// RMSNorm from differentiable candle ops (the golden gradients' own formula).
+pub fn rms_norm_composite(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_div(&(ms + eps)?.sqrt()?)?.broadcast_mul(w)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -511,6 +659,34 @@ mod tests {
         }
     }
 
+    /// The f32 linear layer (pbrl's kernel choice, `super::gemm`) against f64 candle matmuls,
+    /// in value and gradients, below and above the wide-kernel threshold.
+    #[test]
+    fn f32_linear_matches_f64_matmul_in_value_and_gradients() {
+        for (m, n, k) in [(5, 3, 4), (130, 150, 140)] {
+            let (x, w, probe) = (random(&[m, k], 20), random(&[n, k], 21), random(&[m, n], 22));
+            let run = |dtype: DType, fused: bool| {
+                let (xv, wv) = (
+                    Var::from_tensor(&x.to_dtype(dtype).unwrap()).unwrap(),
+                    Var::from_tensor(&w.to_dtype(dtype).unwrap()).unwrap(),
+                );
+                let y = if fused {
+                    linear(xv.as_tensor(), wv.as_tensor())
+                } else {
+                    xv.as_tensor().matmul(&wv.t().unwrap())
+                };
+                let y = y.unwrap();
+                let g = (&y * probe.to_dtype(dtype).unwrap()).unwrap().sum_all().unwrap().backward().unwrap();
+                let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+                [f64s(&y), f64s(g.get(xv.as_tensor()).unwrap()), f64s(g.get(wv.as_tensor()).unwrap())]
+            };
+            let (got, want) = (run(DType::F32, true), run(DType::F64, false));
+            for (what, (a, b)) in ["y", "dx", "dw"].iter().zip(got.iter().zip(&want)) {
+                assert!(max_diff(a, b) < 1e-4, "{m}x{n}x{k} {what} differs by {}", max_diff(a, b));
+            }
+        }
+    }
+
     #[test]
     fn fused_ops_match_their_composite_references() {
         let (b, s, n, d) = (2, 5, 3, 8);
@@ -529,6 +705,10 @@ mod tests {
         });
         check(&[random(&[5, 4], 10), random(&[3, 4], 11)], &|t| linear(&t[0], &t[1]).unwrap(), &|t| {
             t[0].matmul(&t[1].t().unwrap()).unwrap()
+        });
+        // More rows than one block of the weight gradient's sum.
+        check(&[random(&[130, 6], 13), random(&[6], 14)], &|t| rms_norm(&t[0], &t[1], 1e-5).unwrap(), &|t| {
+            rms_norm_composite(&t[0], &t[1], 1e-5).unwrap()
         });
         // Targets carry no gradient: check the logits' gradient alone.
         let logits = random(&[4, 7], 12);

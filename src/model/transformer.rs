@@ -7,7 +7,7 @@
 //! rope), which silently cut the autograd graph. Here [`Mode::Train`] uses differentiable
 //! compositions of those ops and [`Mode::Infer`] the fused kernels (for sampling).
 use anyhow::{bail, Result};
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
 use super::config::ModelConfig;
@@ -96,10 +96,7 @@ impl RmsNorm {
     pub fn forward(&self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         Ok(match mode {
             Mode::Infer => candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32)?,
-            Mode::Train => {
-                let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-                x.broadcast_div(&(ms + self.eps)?.sqrt()?)?.broadcast_mul(&self.weight)?
-            }
+            Mode::Train => ops::rms_norm(x, &self.weight, self.eps)?,
         })
     }
 }
