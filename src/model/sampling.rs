@@ -79,10 +79,22 @@ pub fn sample(
     let mut last = model.lm_head(&last_hidden.index_select(&expand, 0)?)?;
     for step in 0..params.max_new_tokens {
         let rows: Vec<Vec<f32>> = last.to_dtype(candle_core::DType::F32)?.to_vec2()?;
+        // Every row draws from its own stream, so the rows are picked in parallel with the same
+        // tokens as one by one (a pick sorts the top-k of the whole vocabulary).
+        let picks: Vec<u32> = {
+            use rayon::prelude::*;
+            let mut streams: Vec<(&[f32], &mut ChaCha8Rng)> = Vec::with_capacity(active.len());
+            let mut rest = rngs.iter_mut().enumerate();
+            for (slot, &r) in active.iter().enumerate() {
+                // `active` is increasing, so each request's stream is found further on.
+                let rng = rest.find(|(i, _)| *i == r).map(|(_, g)| g).expect("active rows are requests");
+                streams.push((&rows[slot], rng));
+            }
+            streams.into_par_iter().map(|(logits, rng)| pick_token(logits, params, rng)).collect()
+        };
         let mut keep = Vec::with_capacity(active.len());
         let mut next = Vec::with_capacity(active.len());
-        for (slot, &r) in active.iter().enumerate() {
-            let tok = pick_token(&rows[slot], params, &mut rngs[r]);
+        for (slot, (&r, &tok)) in active.iter().zip(&picks).enumerate() {
             out[r].push(tok);
             if !stop_ids.contains(&tok) {
                 keep.push(slot);
