@@ -3,12 +3,13 @@
 //!
 //! candle's CPU matmul calls the `gemm` crate, which (built with its `x86-v4` feature, as pbrl
 //! is) picks its widest kernels once per process: AVX-512 wherever the CPU has it. Those win on
-//! training's large products (measured on an Intel Xeon with AVX-512: the train step 1.5x
+//! training's large products (measured on an Intel Xeon with AVX-512: the train step 1.18x
 //! faster) but lose on the decode step's, whose outputs have as many rows as there are
-//! sequences being sampled (8 for a collection batch): there the 256-bit kernels are faster.
+//! sequences being sampled (8-32 in a collection batch): there the 256-bit kernels are faster
+//! (forcing AVX-512 everywhere made sampling 1.6x slower).
 //! So pbrl's own linear layers call `gemm`'s kernels through this module, which takes the
 //! AVX-512 family only when the output's smaller side has at least [`WIDE_MIN_ROWS`] rows
-//! (training's products and long prompts' prefill; never a decode step).
+//! (training's products and long prompts' prefill, not the decode steps of a collection batch).
 //! Either family computes the same product up to the order of its sums (~1e-7 relative).
 //!
 //! `PBRL_GEMM` forces one family for A/B runs: `auto` (the default: the rule above),

@@ -5,7 +5,8 @@
 //! Why not `candle_transformers::models::llama`: it returns only the last position's logits, takes
 //! no padding mask and uses fused kernels without a backward pass (rms_norm, softmax_last_dim,
 //! rope), which silently cut the autograd graph. Here [`Mode::Train`] uses differentiable
-//! compositions of those ops and [`Mode::Infer`] the fused kernels (for sampling).
+//! versions of those ops (`super::ops`: fused CPU kernels with their backward, candle
+//! compositions elsewhere) and [`Mode::Infer`] candle's fused kernels (for sampling).
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
