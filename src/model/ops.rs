@@ -87,10 +87,9 @@ impl CustomOp2 for Linear {
         "linear"
     }
 
+    // y = x · Wᵀ: the product of x and W's transposed layout (a view, no copy).
     fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, w: &CpuStorage, lw: &Layout) -> Result<(CpuStorage, Shape)> {
-        let ((m, k), (n, _)) = (lx.shape().dims2()?, lw.shape().dims2()?);
-        let y = cpu_matmul(x, lx, w, &lw.transpose(0, 1)?, (m, n, k))?;
-        Ok((y, Shape::from((m, n))))
+        MatMul.cpu_fwd(x, lx, w, &lw.transpose(0, 1)?)
     }
 
     #[cfg(feature = "cuda")]
@@ -101,9 +100,7 @@ impl CustomOp2 for Linear {
         w: &candle_core::CudaStorage,
         lw: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let ((m, k), (n, _)) = (lx.shape().dims2()?, lw.shape().dims2()?);
-        let y = x.matmul(w, (1, m, n, k), lx, &lw.transpose(0, 1)?)?;
-        Ok((y, Shape::from((m, n))))
+        MatMul.cuda_fwd(x, lx, w, &lw.transpose(0, 1)?)
     }
 
     fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
@@ -114,7 +111,7 @@ impl CustomOp2 for Linear {
 }
 
 /// `a · b` for 2-D operands in any strides, without a backward pass (the linear layer's
-/// gradients): on the CPU through [`cpu_matmul`]'s kernel choice.
+/// forward and its gradients): on the CPU through [`cpu_matmul`]'s kernel choice.
 struct MatMul;
 
 impl CustomOp2 for MatMul {

@@ -83,13 +83,12 @@ pub fn sample(
         // tokens as one by one (a pick sorts the top-k of the whole vocabulary).
         let picks: Vec<u32> = {
             use rayon::prelude::*;
-            let mut streams: Vec<(&[f32], &mut ChaCha8Rng)> = Vec::with_capacity(active.len());
-            let mut rest = rngs.iter_mut().enumerate();
-            for (slot, &r) in active.iter().enumerate() {
-                // `active` is increasing, so each request's stream is found further on.
-                let rng = rest.find(|(i, _)| *i == r).map(|(_, g)| g).expect("active rows are requests");
-                streams.push((&rows[slot], rng));
-            }
+            // `active` is increasing, so the streams come out in slot order.
+            let streams: Vec<(&[f32], &mut ChaCha8Rng)> = rngs
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(r, rng)| active.binary_search(&r).ok().map(|slot| (rows[slot].as_slice(), rng)))
+                .collect();
             streams.into_par_iter().map(|(logits, rng)| pick_token(logits, params, rng)).collect()
         };
         let mut keep = Vec::with_capacity(active.len());
