@@ -59,6 +59,18 @@ fn fit_rm_orders_its_pairs_and_saves_a_loadable_reward_model() {
     assert!(last < first - 0.1, "the loss falls on its own pairs: {l:?}");
     let eval = common::metric_values(&run, "rm/eval_accuracy");
     assert_eq!(eval.len(), 7, "held-out pairs measured before training and after each of 6 epochs: {eval:?}");
+    // Whole items are held out: 2 of the 8 (0.25), with every pair of theirs.
+    let round = RoundFile::load(&run.join("preference_replay/iteration_0001.json")).unwrap();
+    let mut per_item = std::collections::HashMap::new();
+    for p in &round.pairs {
+        *per_item.entry(&p.prompts).or_insert(0usize) += 1;
+    }
+    let counts: Vec<usize> = per_item.into_values().collect();
+    assert_eq!(common::metric_values(&run, "rm/eval_items"), vec![2.0]);
+    let held = common::metric_values(&run, "rm/eval_pairs")[0] as usize;
+    assert!(out.contains(&format!("held-out pairs ({held} of 2 items never fitted)")), "{out}");
+    let two_items = (0..counts.len()).any(|i| (i + 1..counts.len()).any(|j| counts[i] + counts[j] == held));
+    assert!(two_items, "{held} held-out pairs are all the pairs of 2 items (pairs per item {counts:?})");
     for key in ["rm/accuracy", "rm/margin_mean", "rm/eval_margin_mean", "rm/grad_norm"] {
         assert!(!common::metric_values(&run, key).is_empty(), "{key} not logged");
     }

@@ -2,8 +2,8 @@
 //! Bradley–Terry loss (reference §7.2–7.3).
 //!
 //! 1. select the pairs from the round files with the replay rules (as `train-madpo` does) and
-//!    hold out `reward_eval_fraction` of them (chosen by the seed) to measure the fit on pairs
-//!    it never saw;
+//!    hold out `reward_eval_fraction` of the items (chosen by the seed) with all their pairs, to
+//!    measure the fit on prompts it never saw;
 //! 2. a fresh reward model: the backbone from `reward_model_name` (default: the first actor's
 //!    source) on `reward_model_device`, a scalar head with PyTorch's default init drawn from the
 //!    seed; each joint text tokenized once (`reward_max_length` tokens kept);
@@ -30,7 +30,7 @@ use crate::prefs::{round_path, PreferencePair};
 use crate::reward_model::JointRewardModel;
 use crate::rng::{derive_seed, purpose};
 use crate::run::RunDir;
-use crate::task::split::choose_held_out;
+use crate::task::split::choose_held_out_groups;
 use crate::train::session::{Plan, Session, TrainingData};
 
 pub struct FitOptions {
@@ -69,22 +69,27 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
         println!("no non-tied preference pairs in the selected rounds; no reward model was fitted");
         return Ok(FitReport { updates: 0, num_pairs: 0, held_out: None });
     }
+    // Whole items are held out (all pairs of one prompt set together, across rounds too): a pair
+    // whose prompt also has pairs in the fit measures memory of that prompt, not the ranking RL
+    // needs on prompts the model never saw.
+    let items: Vec<&Vec<String>> = pairs.iter().map(|p| &p.prompts).collect();
+    let num_items = items.iter().collect::<std::collections::HashSet<_>>().len();
     let (train, held): (Vec<&PreferencePair>, Vec<&PreferencePair>) = if cfg.reward_eval_fraction > 0.0 {
-        if pairs.len() < 2 {
+        if num_items < 2 {
             bail!(
-                "reward_eval_fraction = {} needs at least 2 pairs to hold some out, the selected rounds have {}; \
-                 set reward_eval_fraction = 0 to fit on all of them",
+                "reward_eval_fraction = {} holds out whole items and needs pairs of at least 2 items, the selected \
+                 rounds have {num_items}; set reward_eval_fraction = 0 to fit on all of them",
                 cfg.reward_eval_fraction,
-                pairs.len()
             );
         }
         let out =
-            choose_held_out(pairs.len(), cfg.reward_eval_fraction, derive_seed(cfg.seed, &[purpose::REWARD_SPLIT]));
+            choose_held_out_groups(&items, cfg.reward_eval_fraction, derive_seed(cfg.seed, &[purpose::REWARD_SPLIT]));
         let (h, t): (Vec<_>, Vec<_>) = pairs.iter().zip(&out).partition(|(_, &o)| o);
         (t.into_iter().map(|(p, _)| p).collect(), h.into_iter().map(|(p, _)| p).collect())
     } else {
         (pairs.iter().collect(), Vec::new())
     };
+    let held_items = held.iter().map(|p| &p.prompts).collect::<std::collections::HashSet<_>>().len();
 
     let (source, device) = cfg.reward_model_source()?;
     let device = parse_device(&device, "reward_model_device")?;
@@ -148,7 +153,7 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     };
     let held_out_now = |rm: &JointRewardModel| held_out_stats(rm, &held, frozen_held.as_ref());
     if !held.is_empty() && session.progress.updates == 0 {
-        held_out = Some(log_held_out(held_out_now(&rm)?, held.len(), run_dir, 0)?);
+        held_out = Some(log_held_out(held_out_now(&rm)?, held.len(), held_items, run_dir, 0)?);
     }
 
     session.run(train.len(), batch_size, |step, chunk, metrics| {
@@ -200,7 +205,7 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     );
     match &held_out {
         Some(s) => println!(
-            "; held-out pairs ({}): accuracy {:.3}, mean margin {:.4}, loss {:.4}",
+            "; held-out pairs ({} of {held_items} items never fitted): accuracy {:.3}, mean margin {:.4}, loss {:.4}",
             held.len(),
             s.accuracy,
             s.margin_mean,
@@ -220,14 +225,25 @@ struct PairFeatures {
 }
 
 impl PairFeatures {
-    fn of(rm: &JointRewardModel, pairs: &[EncodedPair]) -> Result<Option<Self>> {
+    fn of<'a>(rm: &JointRewardModel, pairs: &'a [EncodedPair]) -> Result<Option<Self>> {
         if pairs.is_empty() {
             return Ok(None);
         }
-        Ok(Some(Self {
-            winners: rm.features(&side_rows(pairs, |p| &p.winner), SCORE_BATCH)?,
-            losers: rm.features(&side_rows(pairs, |p| &p.loser), SCORE_BATCH)?,
-        }))
+        // One backbone pass per distinct text: a candidate is in several pairs of its item.
+        let mut distinct: Vec<&Vec<u32>> = Vec::new();
+        let mut index_of = std::collections::HashMap::new();
+        let mut index = |row: &'a Vec<u32>| -> u32 {
+            *index_of.entry(row).or_insert_with(|| {
+                distinct.push(row);
+                distinct.len() as u32 - 1
+            })
+        };
+        let (w, l): (Vec<u32>, Vec<u32>) = pairs.iter().map(|p| (index(&p.winner), index(&p.loser))).unzip();
+        let features = rm.features(&distinct.into_iter().cloned().collect::<Vec<_>>(), SCORE_BATCH)?;
+        let pick = |idx: Vec<u32>| -> Result<Tensor> {
+            Ok(features.index_select(&Tensor::new(idx.as_slice(), features.device())?, 0)?)
+        };
+        Ok(Some(Self { winners: pick(w)?, losers: pick(l)? }))
     }
 
     /// Differentiable (in the head) scores of the pairs `idx`: winners, losers.
@@ -260,9 +276,11 @@ fn held_out_stats(rm: &JointRewardModel, held: &[EncodedPair], frozen: Option<&P
     Ok(pair_stats(&values(&w)?, &values(&l)?))
 }
 
-/// Held-out statistics `s` of `num_pairs` pairs, logged as the evaluation after `update` updates.
-fn log_held_out(s: PairStats, num_pairs: usize, run_dir: &RunDir, update: u64) -> Result<PairStats> {
+/// Held-out statistics `s` of `num_pairs` pairs of `num_items` items, logged as the evaluation
+/// after `update` updates.
+fn log_held_out(s: PairStats, num_pairs: usize, num_items: usize, run_dir: &RunDir, update: u64) -> Result<PairStats> {
     run_dir.log_metrics(&json!({"stage": "fit-rm", "update": update, "rm/eval_accuracy": s.accuracy,
-        "rm/eval_margin_mean": s.margin_mean, "rm/eval_loss": s.loss, "rm/eval_pairs": num_pairs}))?;
+        "rm/eval_margin_mean": s.margin_mean, "rm/eval_loss": s.loss, "rm/eval_pairs": num_pairs,
+        "rm/eval_items": num_items}))?;
     Ok(s)
 }

@@ -32,6 +32,23 @@ pub fn choose_held_out(n: usize, share: f64, stream_seed: u64) -> Vec<bool> {
     held
 }
 
+/// The same split over groups: `keys[i]` names the group of thing `i` (things with equal keys
+/// go together), round(groups·share) of the `≥ 2` groups (in order of first appearance) are
+/// chosen as [`choose_held_out`] chooses, and every thing of a chosen group is held out.
+/// `fit-rm` holds out whole items this way, so no held-out pair shares its prompt with a fitted one.
+pub fn choose_held_out_groups<K: Eq + std::hash::Hash>(keys: &[K], share: f64, stream_seed: u64) -> Vec<bool> {
+    let mut group_of = std::collections::HashMap::new();
+    let groups: Vec<usize> = keys
+        .iter()
+        .map(|k| {
+            let next = group_of.len();
+            *group_of.entry(k).or_insert(next)
+        })
+        .collect();
+    let held = choose_held_out(group_of.len(), share, stream_seed);
+    groups.into_iter().map(|g| held[g]).collect()
+}
+
 fn all_train_items(cfg: &Config) -> Result<Vec<TaskItem>> {
     let train_file = cfg.task.train_file.as_ref().context("task.train_file is not set: this stage needs task items")?;
     load_items(train_file)
@@ -69,5 +86,26 @@ mod tests {
         assert_eq!(held_out(3, 0.01, 1).unwrap().iter().filter(|&&x| x).count(), 1, "at least one");
         assert_eq!(held_out(3, 0.99, 1).unwrap().iter().filter(|&&x| x).count(), 2, "at least one left");
         assert!(held_out(1, 0.5, 1).is_err());
+    }
+
+    #[test]
+    fn a_grouped_split_holds_out_whole_groups() {
+        // 10 groups of uneven sizes, interleaved
+        let keys: Vec<usize> = (0..37).map(|i| (i * 7) % 10).collect();
+        let h = choose_held_out_groups(&keys, 0.2, 9);
+        for g in 0..10 {
+            let members: Vec<bool> = keys.iter().zip(&h).filter(|(k, _)| **k == g).map(|(_, &x)| x).collect();
+            assert!(members.iter().all(|&x| x == members[0]), "group {g} split: {members:?}");
+        }
+        let held_groups: std::collections::HashSet<_> =
+            keys.iter().zip(&h).filter(|(_, &x)| x).map(|(k, _)| k).collect();
+        assert_eq!(held_groups.len(), 2, "round(10 x 0.2) groups");
+        assert_eq!(h, choose_held_out_groups(&keys, 0.2, 9), "seeded");
+        let one_each: Vec<usize> = (0..10).collect();
+        assert_eq!(
+            choose_held_out_groups(&one_each, 0.2, 9),
+            choose_held_out(10, 0.2, 9),
+            "groups of one: the plain split"
+        );
     }
 }
