@@ -104,4 +104,5 @@ def main():
         print(f"| {task} | {name} | {len(v)} | {over_seeds(saved)} | {over_seeds(final)} | "
               f"{sum(g > 0 for g in saved)} / {sum(f > 0 for f in final)} |")
 
-main()
+if __name__ == "__main__":
+    main()
