@@ -284,3 +284,33 @@ fn log_held_out(s: PairStats, num_pairs: usize, num_items: usize, run_dir: &RunD
         "rm/eval_items": num_items}))?;
     Ok(s)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tiny::tiny_model;
+    use crate::model::Architecture;
+
+    #[test]
+    fn pair_features_of_shared_texts_score_each_side_as_the_backbone_does() {
+        let backbone = tiny_model(Architecture::Llama, true, 7, candle_core::DType::F32).unwrap();
+        let rm = JointRewardModel::fresh(backbone, 2, None, 3).unwrap();
+        let row = |i: u32| -> Vec<u32> { (0..(3 + 2 * i)).map(|t| 4 + (t * 5 + i) % 30).collect() };
+        // Texts in several pairs, on either side (as every pair of an item's candidates is).
+        let pairs: Vec<EncodedPair> = [(0, 1), (0, 2), (2, 1), (3, 0), (1, 3)]
+            .into_iter()
+            .map(|(w, l)| EncodedPair { winner: row(w), loser: row(l) })
+            .collect();
+        let f = PairFeatures::of(&rm, &pairs).unwrap().unwrap();
+        let (w, l) = f.scores(&rm, &[4, 0, 2]).unwrap();
+        let direct = |side: fn(&EncodedPair) -> &Vec<u32>| {
+            let rows: Vec<Vec<u32>> = [4, 0, 2].iter().map(|&i| side(&pairs[i]).clone()).collect();
+            values(&rm.score_rows(&rows, Mode::Infer).unwrap()).unwrap()
+        };
+        for (got, want) in [(values(&w).unwrap(), direct(|p| &p.winner)), (values(&l).unwrap(), direct(|p| &p.loser))] {
+            for (a, b) in got.iter().zip(&want) {
+                assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{got:?} vs {want:?}");
+            }
+        }
+    }
+}
