@@ -4,17 +4,21 @@
 #   pbrl eval -> pbrl collect -> pbrl train-madpo -> pbrl eval
 # or with ALGORITHM=marlhf the MARLHF cycle:
 #   pbrl eval -> pbrl collect -> pbrl fit-rm -> pbrl train-marlhf -> pbrl eval
-# and a before/after summary with each stage's wall time.
+# or with ALGORITHM=iterate the iterative cycle, `pbrl iterate` (num_iterations rounds of
+# collection against the comparator, MADPO training and evaluation; the base team evaluated
+# first), and a before/after summary with each stage's wall time (iterate: per round,
+# scripts/iterate_summary.py).
 #   scripts/quickstart.sh [KEY=VALUE ...]      overrides go to every stage
 #   CONFIG=file (default configs/quickstart.toml), RUN_DIR=dir (default runs/quickstart-<UTC time>),
-#   ALGORITHM=madpo|marlhf (default madpo), PBRL_THREADS=n (default: the physical cores)
+#   ALGORITHM=madpo|marlhf|iterate (default madpo), PBRL_THREADS=n (default: the physical cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-configs/quickstart.toml}
 case ${ALGORITHM:-madpo} in
   madpo) training=(train-madpo) ;;
   marlhf) training=(fit-rm train-marlhf) ;;
-  *) echo "error: ALGORITHM must be madpo or marlhf" >&2; exit 2 ;;
+  iterate) training=() ;;
+  *) echo "error: ALGORITHM must be madpo, marlhf or iterate" >&2; exit 2 ;;
 esac
 RUN_DIR=${RUN_DIR:-runs/quickstart-$(date -u +%Y%m%dT%H%M%SZ)}
 if [ -e "$RUN_DIR" ]; then
@@ -35,6 +39,13 @@ stage() { # stage NAME COMMAND...: run one stage, echo its output, remember its 
   secs[$name]=$((SECONDS - start))
 }
 mkdir -p "$RUN_DIR/logs"
+if [ "${ALGORITHM:-madpo}" = iterate ]; then
+  stage iterate iterate
+  echo
+  echo "iterative cycle in $RUN_DIR (${secs[iterate]} s)"
+  python3 scripts/iterate_summary.py "$RUN_DIR"
+  exit 0
+fi
 order=(eval-before collect "${training[@]}" eval-after)
 for name in "${order[@]}"; do
   case $name in eval-*) stage "$name" eval ;; *) stage "$name" "$name" ;; esac

@@ -70,8 +70,8 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
         return Ok(FitReport { updates: 0, num_pairs: 0, held_out: None });
     }
     // Whole items are held out (all pairs of one prompt set together, across rounds too): a pair
-    // whose prompt also has pairs in the fit measures memory of that prompt, not the ranking RL
-    // needs on prompts the model never saw.
+    // whose prompt also has pairs in the fit measures memory of that prompt, not how the model
+    // ranks the responses to a prompt it never saw.
     let items: Vec<&Vec<String>> = pairs.iter().map(|p| &p.prompts).collect();
     let num_items = items.iter().collect::<std::collections::HashSet<_>>().len();
     let (train, held): (Vec<&PreferencePair>, Vec<&PreferencePair>) = if cfg.reward_eval_fraction > 0.0 {
