@@ -194,16 +194,26 @@ impl JointRewardModel {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::tiny::tiny_model;
     use crate::model::Architecture;
 
+    /// A reward model on a tiny random Llama backbone, for two agents.
+    pub(crate) fn tiny_reward_model() -> JointRewardModel {
+        let backbone = tiny_model(Architecture::Llama, true, 7, candle_core::DType::F32).unwrap();
+        JointRewardModel::fresh(backbone, 2, None, 3).unwrap()
+    }
+
+    /// Token row `i` of a family of rows of different lengths (3 + 2i tokens).
+    pub(crate) fn test_row(i: u32) -> Vec<u32> {
+        (0..(3 + 2 * i)).map(|t| 4 + (t * 5 + i) % 30).collect()
+    }
+
     #[test]
     fn frozen_features_score_as_the_backbone_does() {
-        let backbone = tiny_model(Architecture::Llama, true, 7, candle_core::DType::F32).unwrap();
-        let rm = JointRewardModel::fresh(backbone, 2, None, 3).unwrap();
-        let rows: Vec<Vec<u32>> = (0..7).map(|i| (0..(3 + 2 * i)).map(|t| 4 + (t * 5 + i) % 30).collect()).collect();
+        let rm = tiny_reward_model();
+        let rows: Vec<Vec<u32>> = (0..7).map(test_row).collect();
         let through = rm.score_rows(&rows, Mode::Train).unwrap().to_vec1::<f32>().unwrap();
         // Other batchings (other padding) than the one pass through the backbone.
         for batch in [1, 3, 8] {

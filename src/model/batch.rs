@@ -17,6 +17,24 @@ pub enum Padding {
     Right,
 }
 
+/// The distinct rows of `rows` in order of first appearance, and each row's index among them:
+/// rows that repeat (the candidates of one prompt, a response in several pairs) are computed
+/// once and their results picked back out with `index_select`.
+pub fn distinct_rows<'a>(rows: impl IntoIterator<Item = &'a [u32]>) -> (Vec<Vec<u32>>, Vec<u32>) {
+    let mut distinct: Vec<Vec<u32>> = Vec::new();
+    let mut index: std::collections::HashMap<&[u32], u32> = std::collections::HashMap::new();
+    let source = rows
+        .into_iter()
+        .map(|row| {
+            *index.entry(row).or_insert_with(|| {
+                distinct.push(row.to_vec());
+                (distinct.len() - 1) as u32
+            })
+        })
+        .collect();
+    (distinct, source)
+}
+
 /// A batch ready for `CausalLm::forward`.
 pub struct PaddedBatch {
     pub ids: Tensor,       // (b, len) u32
@@ -100,4 +118,20 @@ pub fn position_ids(key_mask: &[Vec<u8>], q_len: usize, dev: &Device) -> Result<
         out.extend_from_slice(&row[row.len() - q_len..]);
     }
     Ok(Tensor::from_vec(out, (b, q_len), dev)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distinct_rows_keep_first_appearance_order_and_index_every_row() {
+        let rows: Vec<Vec<u32>> = vec![vec![3, 1], vec![2], vec![3, 1], vec![], vec![2], vec![3]];
+        let (distinct, source) = distinct_rows(rows.iter().map(|r| r.as_slice()));
+        assert_eq!(distinct, vec![vec![3, 1], vec![2], vec![], vec![3]]);
+        assert_eq!(source, vec![0, 1, 0, 2, 1, 3]);
+        for (row, &i) in rows.iter().zip(&source) {
+            assert_eq!(row, &distinct[i as usize]);
+        }
+    }
 }

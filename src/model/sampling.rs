@@ -51,17 +51,7 @@ pub fn sample(
     let dev = model.device().clone();
     // Candidates of one item share their prompt: prefill each distinct prompt once, then give
     // every request its own copy of that prompt's cache rows.
-    let mut distinct: Vec<Vec<u32>> = Vec::new();
-    let mut index: std::collections::HashMap<&[u32], u32> = std::collections::HashMap::new();
-    let source: Vec<u32> = requests
-        .iter()
-        .map(|r| {
-            *index.entry(r.prompt.as_slice()).or_insert_with(|| {
-                distinct.push(r.prompt.clone());
-                (distinct.len() - 1) as u32
-            })
-        })
-        .collect();
+    let (distinct, source) = super::batch::distinct_rows(requests.iter().map(|r| r.prompt.as_slice()));
     let batch = PaddedBatch::new(&distinct, pad_id, Padding::Left, &dev)?;
     let mut rngs: Vec<ChaCha8Rng> = requests.iter().map(|r| ChaCha8Rng::seed_from_u64(r.seed)).collect();
     let mut active: Vec<usize> = (0..requests.len()).collect();

@@ -24,6 +24,7 @@ use serde_json::json;
 
 use crate::algo::bradley_terry::{bradley_terry_loss, pair_stats, PairStats};
 use crate::device::parse_device;
+use crate::model::batch::distinct_rows;
 use crate::model::{LoadedModel, Mode};
 use crate::prefs::replay::training_pairs;
 use crate::prefs::{round_path, PreferencePair};
@@ -225,25 +226,20 @@ struct PairFeatures {
 }
 
 impl PairFeatures {
-    fn of<'a>(rm: &JointRewardModel, pairs: &'a [EncodedPair]) -> Result<Option<Self>> {
+    fn of(rm: &JointRewardModel, pairs: &[EncodedPair]) -> Result<Option<Self>> {
         if pairs.is_empty() {
             return Ok(None);
         }
         // One backbone pass per distinct text: a candidate is in several pairs of its item.
-        let mut distinct: Vec<&Vec<u32>> = Vec::new();
-        let mut index_of = std::collections::HashMap::new();
-        let mut index = |row: &'a Vec<u32>| -> u32 {
-            *index_of.entry(row).or_insert_with(|| {
-                distinct.push(row);
-                distinct.len() as u32 - 1
-            })
-        };
-        let (w, l): (Vec<u32>, Vec<u32>) = pairs.iter().map(|p| (index(&p.winner), index(&p.loser))).unzip();
-        let features = rm.features(&distinct.into_iter().cloned().collect::<Vec<_>>(), SCORE_BATCH)?;
-        let pick = |idx: Vec<u32>| -> Result<Tensor> {
+        // Rows interleaved: pair i's winner is row 2i, its loser row 2i + 1.
+        let sides = pairs.iter().flat_map(|p| [p.winner.as_slice(), p.loser.as_slice()]);
+        let (distinct, source) = distinct_rows(sides);
+        let features = rm.features(&distinct, SCORE_BATCH)?;
+        let pick = |side: usize| -> Result<Tensor> {
+            let idx: Vec<u32> = source.iter().skip(side).step_by(2).copied().collect();
             Ok(features.index_select(&Tensor::new(idx.as_slice(), features.device())?, 0)?)
         };
-        Ok(Some(Self { winners: pick(w)?, losers: pick(l)? }))
+        Ok(Some(Self { winners: pick(0)?, losers: pick(1)? }))
     }
 
     /// Differentiable (in the head) scores of the pairs `idx`: winners, losers.
@@ -288,14 +284,11 @@ fn log_held_out(s: PairStats, num_pairs: usize, num_items: usize, run_dir: &RunD
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::tiny::tiny_model;
-    use crate::model::Architecture;
+    use crate::reward_model::tests::{test_row as row, tiny_reward_model};
 
     #[test]
     fn pair_features_of_shared_texts_score_each_side_as_the_backbone_does() {
-        let backbone = tiny_model(Architecture::Llama, true, 7, candle_core::DType::F32).unwrap();
-        let rm = JointRewardModel::fresh(backbone, 2, None, 3).unwrap();
-        let row = |i: u32| -> Vec<u32> { (0..(3 + 2 * i)).map(|t| 4 + (t * 5 + i) % 30).collect() };
+        let rm = tiny_reward_model();
         // Texts in several pairs, on either side (as every pair of an item's candidates is).
         let pairs: Vec<EncodedPair> = [(0, 1), (0, 2), (2, 1), (3, 0), (1, 3)]
             .into_iter()
