@@ -68,7 +68,7 @@ fn fit_rm_orders_its_pairs_and_saves_a_loadable_reward_model() {
     let counts: Vec<usize> = per_item.into_values().collect();
     assert_eq!(common::metric_values(&run, "rm/eval_items"), vec![2.0]);
     let held = common::metric_values(&run, "rm/eval_pairs")[0] as usize;
-    assert!(out.contains(&format!("held-out pairs ({held} of 2 items never fitted)")), "{out}");
+    assert!(out.contains(&format!("held-out pairs ({held} from 2 items never fitted)")), "{out}");
     let two_items = (0..counts.len()).any(|i| (i + 1..counts.len()).any(|j| counts[i] + counts[j] == held));
     assert!(two_items, "{held} held-out pairs are all the pairs of 2 items (pairs per item {counts:?})");
     for key in ["rm/accuracy", "rm/margin_mean", "rm/eval_margin_mean", "rm/grad_norm"] {

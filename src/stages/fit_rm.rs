@@ -206,7 +206,7 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     );
     match &held_out {
         Some(s) => println!(
-            "; held-out pairs ({} of {held_items} items never fitted): accuracy {:.3}, mean margin {:.4}, loss {:.4}",
+            "; held-out pairs ({} from {held_items} items never fitted): accuracy {:.3}, mean margin {:.4}, loss {:.4}",
             held.len(),
             s.accuracy,
             s.margin_mean,
