@@ -30,7 +30,8 @@ impl AdamWConfig {
 
 /// First and second moments of one parameter.
 enum Moments {
-    /// Host vectors updated by the fused CPU kernel.
+    /// Host vectors updated by the fused CPU kernel; empty until the parameter's first update,
+    /// which writes them without reading (see [`FusedAdamW`]).
     Host(Mutex<(Vec<f32>, Vec<f32>)>),
     /// Device tensors for the op-based fallback, replaced each step.
     Device(Mutex<(Tensor, Tensor)>),
@@ -58,8 +59,7 @@ impl AdamW {
             .map(|(name, var)| {
                 let host = var.device().is_cpu() && var.dtype() == candle_core::DType::F32;
                 let moments = if host {
-                    let n = var.elem_count();
-                    Moments::Host(Mutex::new((vec![0.0; n], vec![0.0; n])))
+                    Moments::Host(Mutex::new((Vec::new(), Vec::new())))
                 } else {
                     let z = var.as_tensor().zeros_like()?;
                     Moments::Device(Mutex::new((z.clone(), z)))
@@ -153,11 +153,11 @@ impl AdamW {
                     Moments::Host(mv) => {
                         let g = mv.lock().expect("moments lock");
                         let dev = candle_core::Device::Cpu;
-                        (
-                            s.name.clone(),
-                            Tensor::from_slice(&g.0, &shape, &dev)?,
-                            Tensor::from_slice(&g.1, &shape, &dev)?,
-                        )
+                        let host = |x: &Vec<f32>| match x.is_empty() {
+                            true => Tensor::zeros(&shape, candle_core::DType::F32, &dev), // not yet updated
+                            false => Tensor::from_slice(x, &shape, &dev),
+                        };
+                        (s.name.clone(), host(&g.0)?, host(&g.1)?)
                     }
                     Moments::Device(mv) => {
                         let g = mv.lock().expect("moments lock");
@@ -201,26 +201,54 @@ impl candle_core::InplaceOp2 for FusedAdamW<'_> {
         let step = (c.lr / self.bc1) as f32; // lr · m̂ = step · m
         let inv_bc2_sqrt = (1.0 / self.bc2.sqrt()) as f32; // √v̂ = √v / √bc2
         let eps = c.eps as f32;
+        // One element: p, m, v from their old values (0 for the moments at the first update).
+        let update = |p: f32, gi: f32, m: f32, v: f32| {
+            let mi = b1 * m + (1.0 - b1) * gi;
+            let vi = b2 * v + (1.0 - b2) * gi * gi;
+            (p * decay - step * mi / (vi.sqrt() * inv_bc2_sqrt + eps), mi, vi)
+        };
+        let sq2 = |g: &[f32]| g.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>();
         const CHUNK: usize = 1 << 14;
-        let sq: f64 = p
-            .par_chunks_mut(CHUNK)
-            .zip(g.par_chunks(CHUNK))
-            .zip(m.par_chunks_mut(CHUNK))
-            .zip(v.par_chunks_mut(CHUNK))
-            .map(|(((p, g), m), v)| {
-                let mut sq = 0f64;
-                for i in 0..p.len() {
-                    let gi = g[i];
-                    sq += (gi as f64) * (gi as f64);
-                    let mi = b1 * m[i] + (1.0 - b1) * gi;
-                    let vi = b2 * v[i] + (1.0 - b2) * gi * gi;
-                    m[i] = mi;
-                    v[i] = vi;
-                    p[i] = p[i] * decay - step * mi / (vi.sqrt() * inv_bc2_sqrt + eps);
-                }
-                sq
-            })
-            .sum();
+        let sq: f64 = if m.is_empty() {
+            // The first update writes the moments without reading them. Zeroed vectors would be
+            // fresh pages mapped to the kernel's zero page, so reading then writing them faults
+            // twice per page and flushes the other cores' TLBs: a third of the first update's
+            // time on SmolLM2-135M.
+            let n = p.len();
+            m.reserve_exact(n);
+            v.reserve_exact(n);
+            let sq = p
+                .par_chunks_mut(CHUNK)
+                .zip(g.par_chunks(CHUNK))
+                .zip(m.spare_capacity_mut()[..n].par_chunks_mut(CHUNK))
+                .zip(v.spare_capacity_mut()[..n].par_chunks_mut(CHUNK))
+                .map(|(((p, g), m), v)| {
+                    for i in 0..p.len() {
+                        let (pi, mi, vi) = update(p[i], g[i], 0.0, 0.0);
+                        (p[i], m[i], v[i]) = (pi, std::mem::MaybeUninit::new(mi), std::mem::MaybeUninit::new(vi));
+                    }
+                    sq2(g)
+                })
+                .sum();
+            // SAFETY: every one of the n elements was written just above.
+            unsafe {
+                m.set_len(n);
+                v.set_len(n);
+            }
+            sq
+        } else {
+            p.par_chunks_mut(CHUNK)
+                .zip(g.par_chunks(CHUNK))
+                .zip(m.par_chunks_mut(CHUNK))
+                .zip(v.par_chunks_mut(CHUNK))
+                .map(|(((p, g), m), v)| {
+                    for i in 0..p.len() {
+                        (p[i], m[i], v[i]) = update(p[i], g[i], m[i], v[i]);
+                    }
+                    sq2(g)
+                })
+                .sum()
+        };
         *self.grad_sq.lock().expect("grad_sq lock") += sq;
         Ok(())
     }
