@@ -293,6 +293,36 @@ mod tests {
         assert_eq!(opt.step, 5);
     }
 
+    /// Host moments start empty (the first update writes them): a checkpoint taken before any
+    /// update still holds zero moments of the parameter's shape, and restoring it gives the
+    /// same update as a fresh optimizer.
+    #[test]
+    fn moments_before_the_first_update_are_zeros_of_the_shape() {
+        let dev = Device::Cpu;
+        let init = Tensor::new(&[[0.5f32, -1.0, 2.0], [0.25, 3.0, -0.5]], &dev).unwrap();
+        let (a, b) = (Var::from_tensor(&init).unwrap(), Var::from_tensor(&init.copy().unwrap()).unwrap());
+        let cfg = AdamWConfig::torch_defaults(1e-2);
+        let mut fresh = AdamW::new(vec![("w".into(), a.clone())], cfg).unwrap();
+        let mut restored = AdamW::new(vec![("w".into(), b.clone())], cfg).unwrap();
+        let saved = fresh.moments().unwrap();
+        let (name, m, v) = &saved[0];
+        assert_eq!((name.as_str(), m.dims(), v.dims()), ("w", &[2usize, 3][..], &[2usize, 3][..]));
+        assert_eq!(m.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap(), 0.0);
+        assert_eq!(v.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap(), 0.0);
+        let map = saved.into_iter().map(|(n, m, v)| (n, (m, v))).collect();
+        restored.restore(0, &map).unwrap();
+        for (opt, var) in [(&mut fresh, &a), (&mut restored, &b)] {
+            for _ in 0..2 {
+                let grads = var.as_tensor().sqr().unwrap().sum_all().unwrap().backward().unwrap();
+                opt.step(&grads).unwrap();
+            }
+        }
+        let (pa, pb): (Vec<Vec<f32>>, Vec<Vec<f32>>) =
+            (a.as_tensor().to_vec2().unwrap(), b.as_tensor().to_vec2().unwrap());
+        assert_eq!(pa, pb, "restored zero moments must update exactly as fresh ones");
+        assert_ne!(pa, init.to_vec2::<f32>().unwrap(), "the premise: the weights moved");
+    }
+
     /// The tensor-op path (GPU weights, or f64 ones) keeps plain moments: a gradient still tied
     /// to its forward graph must not chain every step's activations into them.
     #[test]
