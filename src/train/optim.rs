@@ -212,8 +212,8 @@ impl candle_core::InplaceOp2 for FusedAdamW<'_> {
         let sq: f64 = if m.is_empty() {
             // The first update writes the moments without reading them. Zeroed vectors would be
             // fresh pages mapped to the kernel's zero page, so reading then writing them faults
-            // twice per page and flushes the other cores' TLBs: a third of the first update's
-            // time on SmolLM2-135M.
+            // twice per page and flushes the other cores' TLBs: about half of train-madpo's
+            // first update on SmolLM2-135M (docs/benchmarks.md, session 13).
             let n = p.len();
             m.reserve_exact(n);
             v.reserve_exact(n);
