@@ -15,7 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::algo::bradley_terry::joint_text;
-use crate::model::heads::{last_token_hidden, ScalarHead};
+use crate::model::heads::{last_token_hidden, pair_last_token_hidden, ScalarHead};
 use crate::model::{LoadedModel, Mode};
 
 /// The head's prefix in the backbone's `VarMap` (and in `reward_head.safetensors`).
@@ -143,6 +143,24 @@ impl JointRewardModel {
         self.head.forward(&last_token_hidden(&self.backbone, rows, mode)?)
     }
 
+    /// Scores (b,), (b,) of pairs of token rows, each pair's common prefix (the header and the
+    /// first agent's prompt, for a winner and a loser of one item) run once: the same scores
+    /// as [`JointRewardModel::score_rows`] on each side, in one forward pass. The head is
+    /// applied to each side apart, so its bias gets exactly opposite gradients from the two
+    /// (under a Bradley–Terry loss its true gradient, 0), not a rounding residue of one sum.
+    pub fn score_pairs(&self, pairs: &[(&[u32], &[u32])], mode: Mode) -> Result<(Tensor, Tensor)> {
+        if pairs.iter().any(|(a, b)| a.is_empty() || b.is_empty()) {
+            // An empty row scores at its padded position 0 (as the reference): only a padded batch has one.
+            let side = |pick: fn(&(&[u32], &[u32])) -> Vec<u32>| pairs.iter().map(pick).collect::<Vec<_>>();
+            return Ok((
+                self.score_rows(&side(|p| p.0.to_vec()), mode)?,
+                self.score_rows(&side(|p| p.1.to_vec()), mode)?,
+            ));
+        }
+        let (w, l) = pair_last_token_hidden(&self.backbone, pairs, mode)?;
+        Ok((self.head.forward(&w)?, self.head.forward(&l)?))
+    }
+
     /// The final hidden states (n, hidden) at the rows' last real tokens, without gradients,
     /// `batch` rows per forward pass. With a frozen backbone these never change, so a fit
     /// computes them once and trains the head on them ([`JointRewardModel::score_features`]).
@@ -208,6 +226,48 @@ pub(crate) mod tests {
     /// Token row `i` of a family of rows of different lengths (3 + 2i tokens).
     pub(crate) fn test_row(i: u32) -> Vec<u32> {
         (0..(3 + 2 * i)).map(|t| 4 + (t * 5 + i) % 30).collect()
+    }
+
+    #[test]
+    fn pairs_packed_on_their_common_prefix_score_and_train_as_two_passes_do() {
+        let rm = tiny_reward_model();
+        // Pairs that share a prefix of 0, 2 and 5 tokens, one row a prefix of the other, lengths unequal.
+        let base: Vec<Vec<u32>> = (0..6).map(test_row).collect();
+        let with_prefix = |p: &[u32], r: &[u32]| -> Vec<u32> { p.iter().chain(r).copied().collect() };
+        let pairs: Vec<(Vec<u32>, Vec<u32>)> = vec![
+            (base[1].clone(), base[2].clone()),
+            (with_prefix(&base[0][..2], &base[3]), with_prefix(&base[0][..2], &base[1])),
+            (with_prefix(&base[5][..5], &base[4]), base[5][..5].to_vec()),
+        ];
+        let refs: Vec<(&[u32], &[u32])> = pairs.iter().map(|(a, b)| (a.as_slice(), b.as_slice())).collect();
+        let two_passes = || {
+            let side =
+                |i: usize| pairs.iter().map(|p| if i == 0 { p.0.clone() } else { p.1.clone() }).collect::<Vec<_>>();
+            (rm.score_rows(&side(0), Mode::Train).unwrap(), rm.score_rows(&side(1), Mode::Train).unwrap())
+        };
+        let (w0, l0) = two_passes();
+        let (w1, l1) = rm.score_pairs(&refs, Mode::Train).unwrap();
+        let v = |t: &Tensor| t.to_vec1::<f32>().unwrap();
+        for (a, b) in v(&w1).iter().chain(&v(&l1)).zip(v(&w0).iter().chain(&v(&l0))) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+        }
+        let g0 = crate::algo::bradley_terry::bradley_terry_loss(&w0, &l0).unwrap().backward().unwrap();
+        let g1 = crate::algo::bradley_terry::bradley_terry_loss(&w1, &l1).unwrap().backward().unwrap();
+        for (name, var) in rm.trainable(false) {
+            let (a, b) = (g1.get(var.as_tensor()), g0.get(var.as_tensor()));
+            let (Some(a), Some(b)) = (a, b) else {
+                assert!(a.is_none() && b.is_none(), "{name}: a gradient on one path only");
+                continue;
+            };
+            let scale = b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1e-6);
+            let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(diff <= 1e-4 * scale, "{name}: gradients differ by {diff} (scale {scale})");
+            if name == "reward_head.bias" {
+                assert_eq!(a.to_vec1::<f32>().unwrap(), vec![0.0], "the bias's gradient is exactly 0");
+            }
+        }
+        let (we, le) = rm.score_pairs(&[(&[5, 6][..], &[][..])], Mode::Infer).unwrap();
+        assert_eq!((we.dims(), le.dims()), (&[1][..], &[1][..]), "an empty row falls back to the padded passes");
     }
 
     #[test]

@@ -70,49 +70,60 @@ fn bradley_terry_scores_losses_and_gradients_match_comlrl() {
             let cut = case["max_length"].as_u64().unwrap() as usize;
             assert!(rows.iter().all(|r| r.len() <= cut) && rows.iter().any(|r| r.len() == cut), "{name}: truncated");
         }
-        // Winners and losers in two forward passes, as the reference and `fit-rm` score them.
-        let w = rm.score_rows(&rows[..n], Mode::Train).unwrap();
-        let l = rm.score_rows(&rows[n..], Mode::Train).unwrap();
-        let values = |t: &Tensor| -> Vec<f64> { t.to_dtype(DType::F64).unwrap().to_vec1().unwrap() };
-        close(&values(&w), &case["winner_scores"], 1e-5, &format!("{name} winner scores"));
-        close(&values(&l), &case["loser_scores"], 1e-5, &format!("{name} loser scores"));
-        let loss = bradley_terry_loss(&w, &l).unwrap();
-        let got = loss.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap();
-        let want = case["loss"].as_f64().unwrap();
-        assert!((got - want).abs() < 1e-5, "{name}: loss {got} vs CoMLRL {want}");
-        let grads = loss.backward().unwrap();
-        let (mut checked, mut worst) = (0, 0f64);
-        for (param, var) in rm.trainable(false) {
-            let key = format!("{name}/{param}");
-            let Some(want) = want_grads.get(&key) else {
-                assert!(param == "lm_head.weight", "{key}: no reference gradient");
-                continue;
+        // Winners and losers in two forward passes, as the reference scores them, and in one
+        // pass over each pair packed on its common prefix, as `fit-rm` does.
+        let pairs_of_rows: Vec<(&[u32], &[u32])> =
+            (0..n).map(|i| (rows[i].as_slice(), rows[n + i].as_slice())).collect();
+        for packed in [true, false] {
+            let label = &format!("{name}{}", if packed { " (packed pairs)" } else { "" });
+            let (w, l) = match packed {
+                true => rm.score_pairs(&pairs_of_rows, Mode::Train).unwrap(),
+                false => {
+                    (rm.score_rows(&rows[..n], Mode::Train).unwrap(), rm.score_rows(&rows[n..], Mode::Train).unwrap())
+                }
             };
-            let got = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("{key}: no gradient"));
-            if param == "reward_head.bias" {
-                // s_w − s_l does not depend on the bias: its gradient is exactly 0 in both.
-                let diff = common::max_abs_diff(&got.to_device(&Device::Cpu).unwrap(), want);
-                assert!(
-                    diff == 0.0 && want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() == 0.0,
-                    "{key}"
-                );
-            } else {
-                worst = worst.max(common::assert_grad_close(&key, got, want));
+            let values = |t: &Tensor| -> Vec<f64> { t.to_dtype(DType::F64).unwrap().to_vec1().unwrap() };
+            close(&values(&w), &case["winner_scores"], 1e-5, &format!("{label} winner scores"));
+            close(&values(&l), &case["loser_scores"], 1e-5, &format!("{label} loser scores"));
+            let loss = bradley_terry_loss(&w, &l).unwrap();
+            let got = loss.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap();
+            let want = case["loss"].as_f64().unwrap();
+            assert!((got - want).abs() < 1e-5, "{label}: loss {got} vs CoMLRL {want}");
+            let grads = loss.backward().unwrap();
+            let (mut checked, mut worst) = (0, 0f64);
+            for (param, var) in rm.trainable(false) {
+                let key = format!("{name}/{param}");
+                let shown = format!("{label}/{param}");
+                let Some(want) = want_grads.get(&key) else {
+                    assert!(param == "lm_head.weight", "{key}: no reference gradient");
+                    continue;
+                };
+                let got = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("{shown}: no gradient"));
+                if param == "reward_head.bias" {
+                    // s_w − s_l does not depend on the bias: its gradient is exactly 0 in both.
+                    let diff = common::max_abs_diff(&got.to_device(&Device::Cpu).unwrap(), want);
+                    assert!(
+                        diff == 0.0 && want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap() == 0.0,
+                        "{shown}"
+                    );
+                } else {
+                    worst = worst.max(common::assert_grad_close(&shown, got, want));
+                }
+                checked += 1;
             }
-            checked += 1;
-        }
-        let expected = want_grads.keys().filter(|k| k.starts_with(&format!("{name}/"))).count();
-        assert_eq!(checked, expected, "{name}: every reference gradient compared");
-        eprintln!("{name}: loss {got:.7} (CoMLRL {want:.7}), {checked} gradients, worst {worst:.1e}");
+            let expected = want_grads.keys().filter(|k| k.starts_with(&format!("{name}/"))).count();
+            assert_eq!(checked, expected, "{label}: every reference gradient compared");
+            eprintln!("{label}: loss {got:.7} (CoMLRL {want:.7}), {checked} gradients, worst {worst:.1e}");
 
-        if let Some(after) = case.get("after_step_winner_scores") {
-            // One AdamW step (PyTorch defaults, the reference's lr) on that loss.
-            let mut opt =
-                AdamW::new(rm.trainable(false), AdamWConfig::torch_defaults(g["lr"].as_f64().unwrap())).unwrap();
-            opt.step(&grads).unwrap();
-            let s: Vec<f64> =
-                rm.score_rows(&rows[..n], Mode::Infer).unwrap().to_dtype(DType::F64).unwrap().to_vec1().unwrap();
-            close(&s, after, 1e-5, &format!("{name} winner scores after one AdamW step"));
+            if let (false, Some(after)) = (packed, case.get("after_step_winner_scores")) {
+                // One AdamW step (PyTorch defaults, the reference's lr) on that loss.
+                let mut opt =
+                    AdamW::new(rm.trainable(false), AdamWConfig::torch_defaults(g["lr"].as_f64().unwrap())).unwrap();
+                opt.step(&grads).unwrap();
+                let s: Vec<f64> =
+                    rm.score_rows(&rows[..n], Mode::Infer).unwrap().to_dtype(DType::F64).unwrap().to_vec1().unwrap();
+                close(&s, after, 1e-5, &format!("{name} winner scores after one AdamW step"));
+            }
         }
     }
 }

@@ -83,6 +83,83 @@ impl PaddedBatch {
     }
 }
 
+/// Pairs of token rows that begin alike (a winner's and a loser's joint text, which share the
+/// header and the first agent's prompt), one packed row per pair: the first row, then the second
+/// row's tokens after the common prefix. The second row's continuation sits at its own positions
+/// (RoPE sees `prefix..`) and attends to the prefix and to itself only, never to the first row's
+/// continuation, so every token's hidden state is the one its own row gives alone (the causal mask
+/// makes the prefix's states independent of what follows), while the prefix runs once. Rows are
+/// right-padded to the longest packed row.
+pub struct PairBatch {
+    pub ids: Tensor,       // (b, len) u32
+    pub positions: Tensor, // (b, len) u32
+    pub bias: Tensor,      // (b, 1, len, len) f32
+    /// Per pair: the column of the first row's last token and of the second row's.
+    pub last: Vec<(usize, usize)>,
+    /// Tokens the packing did not run twice (the common prefixes), over the whole batch.
+    pub shared_tokens: usize,
+}
+
+/// How many first tokens two rows have in common.
+pub fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl PairBatch {
+    /// Pack `pairs` (both rows non-empty) into one batch.
+    pub fn new(pairs: &[(&[u32], &[u32])], pad_id: u32, dev: &Device) -> Result<Self> {
+        anyhow::ensure!(!pairs.is_empty(), "empty batch");
+        anyhow::ensure!(pairs.iter().all(|(a, b)| !a.is_empty() && !b.is_empty()), "an empty row cannot be packed");
+        // Per pair: (first row's length, common prefix, packed length).
+        let shapes: Vec<(usize, usize, usize)> = pairs
+            .iter()
+            .map(|(a, b)| {
+                let p = common_prefix_len(a, b);
+                (a.len(), p, a.len() + b.len() - p)
+            })
+            .collect();
+        let len = shapes.iter().map(|s| s.2).max().unwrap_or(1);
+        let n = pairs.len();
+        let (mut ids, mut positions) = (Vec::with_capacity(n * len), Vec::with_capacity(n * len));
+        let mut bias = vec![MASKED; n * len * len];
+        let mut last = Vec::with_capacity(n);
+        for (r, (&(a, b), &(na, p, packed))) in pairs.iter().zip(&shapes).enumerate() {
+            ids.extend_from_slice(a);
+            ids.extend_from_slice(&b[p..]);
+            ids.extend(std::iter::repeat_n(pad_id, len - packed));
+            positions.extend(0..na as u32);
+            positions.extend(p as u32..b.len() as u32);
+            let end = positions.last().copied().unwrap_or(0);
+            positions.extend(std::iter::repeat_n(end, len - packed));
+            for i in 0..len {
+                let row = &mut bias[(r * len + i) * len..(r * len + i + 1) * len];
+                // Keys a query attends to: its own row's earlier tokens; a padding query (its
+                // output is never read) the whole packed row, so its softmax stays finite.
+                let keys = |j: usize| match i {
+                    i if i < na => j <= i,
+                    i if i < packed => j < p || (na..=i).contains(&j),
+                    _ => j < packed,
+                };
+                for (j, x) in row.iter_mut().enumerate() {
+                    if keys(j) {
+                        *x = 0.0;
+                    }
+                }
+            }
+            // The second row's last token is in its continuation, or (a row that is a prefix of
+            // the first) the prefix's last token.
+            last.push((na - 1, if b.len() > p { packed - 1 } else { p - 1 }));
+        }
+        Ok(Self {
+            ids: Tensor::from_vec(ids, (n, len), dev)?,
+            positions: Tensor::from_vec(positions, (n, len), dev)?,
+            bias: Tensor::from_vec(bias, (n, 1, len, len), dev)?,
+            last,
+            shared_tokens: shapes.iter().map(|s| s.1).sum(),
+        })
+    }
+}
+
 /// Causal + key-padding bias (b, 1, q_len, kv_len) for the last `q_len` queries of each row.
 pub fn attention_bias(key_mask: &[Vec<u8>], q_len: usize, dev: &Device) -> Result<Tensor> {
     let b = key_mask.len();
@@ -123,6 +200,25 @@ pub fn position_ids(key_mask: &[Vec<u8>], q_len: usize, dev: &Device) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pair_batches_pack_the_common_prefix_once_and_keep_each_row_to_itself() {
+        let dev = Device::Cpu;
+        // Prefix [1, 2] shared; the second pair's second row is a prefix of its first.
+        let pairs: Vec<(&[u32], &[u32])> = vec![(&[1, 2, 3, 4], &[1, 2, 5]), (&[7, 8, 9], &[7, 8])];
+        let b = PairBatch::new(&pairs, 0, &dev).unwrap();
+        assert_eq!(b.ids.to_vec2::<u32>().unwrap(), vec![vec![1, 2, 3, 4, 5], vec![7, 8, 9, 0, 0]]);
+        assert_eq!(b.positions.to_vec2::<u32>().unwrap(), vec![vec![0, 1, 2, 3, 2], vec![0, 1, 2, 2, 2]]);
+        assert_eq!(b.last, vec![(3, 4), (2, 1)]);
+        assert_eq!(b.shared_tokens, 4);
+        let bias: Vec<Vec<Vec<f32>>> = b.bias.squeeze(1).unwrap().to_vec3().unwrap();
+        let open = |r: usize, i: usize| -> Vec<usize> { (0..5).filter(|&j| bias[r][i][j] == 0.0).collect() };
+        assert_eq!(open(0, 3), vec![0, 1, 2, 3], "the first row is causal");
+        assert_eq!(open(0, 4), vec![0, 1, 4], "the second row sees the prefix and itself, not the first's rest");
+        assert_eq!(open(1, 1), vec![0, 1]);
+        assert_eq!(open(1, 4), vec![0, 1, 2], "padding sees the packed row only");
+        assert!(PairBatch::new(&[(&[1], &[])], 0, &dev).is_err());
+    }
 
     #[test]
     fn distinct_rows_keep_first_appearance_order_and_index_every_row() {

@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use rand::Rng;
 
-use super::batch::{PaddedBatch, Padding};
+use super::batch::{PaddedBatch, Padding, PairBatch};
 use super::{LoadedModel, Mode};
 
 /// `score = h · w + b`: PyTorch's `nn.Linear(hidden, 1)` on one hidden state per row.
@@ -175,6 +175,21 @@ pub fn last_token_hidden(model: &LoadedModel, rows: &[Vec<u32>], mode: Mode) -> 
     let seq = batch.ids.dim(1)?;
     let hidden = model.model.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, mode)?;
     last_token_rows(&hidden, seq, &batch.lengths)
+}
+
+/// The final hidden states at the last tokens of each pair's two rows, ((b, hidden), (b, hidden)):
+/// the pairs packed with their common prefix run once ([`PairBatch`]), through the backbone once.
+/// The same states as [`last_token_hidden`] on each side (both rows must be non-empty).
+pub fn pair_last_token_hidden(model: &LoadedModel, pairs: &[(&[u32], &[u32])], mode: Mode) -> Result<(Tensor, Tensor)> {
+    let device = model.model.device().clone();
+    let batch = PairBatch::new(pairs, model.tokenizer.pad_id, &device)?;
+    let seq = batch.ids.dim(1)?;
+    let hidden = model.model.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, mode)?;
+    let side = |pick: fn(&(usize, usize)) -> usize| -> Result<Tensor> {
+        let idx: Vec<u32> = batch.last.iter().enumerate().map(|(r, l)| (r * seq + pick(l)) as u32).collect();
+        Ok(hidden.index_select(&Tensor::new(idx.as_slice(), &device)?, 0)?)
+    };
+    Ok((side(|l| l.0)?, side(|l| l.1)?))
 }
 
 /// Each right-padded row's last real token from hidden states as (b·seq, hidden) rows: the

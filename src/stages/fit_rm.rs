@@ -159,15 +159,15 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
 
     session.run(train.len(), batch_size, |step, chunk, metrics| {
         *step.tokens += chunk.iter().map(|&i| train[i].winner.len() + train[i].loser.len()).sum::<usize>();
-        // Two forward passes, as the reference: the head's bias then gets exactly opposite
-        // gradients from the two (its true gradient, 0), not a rounding residue AdamW would
-        // amplify into a step.
+        // The reference scores winners and losers in two forward passes; one pass over each
+        // pair packed on its common prefix (the header and the first agent's prompt) gives the
+        // same scores and gradients without running that prefix twice.
         let (w, l) = match &frozen_train {
             Some(f) => f.scores(&rm, chunk)?,
             None => {
-                let pairs = || chunk.iter().map(|&i| &train[i]);
-                let score = |rows: Vec<Vec<u32>>| rm.score_rows(&rows, Mode::Train);
-                (score(side_rows(pairs(), |p| &p.winner))?, score(side_rows(pairs(), |p| &p.loser))?)
+                let pairs: Vec<(&[u32], &[u32])> =
+                    chunk.iter().map(|&i| (train[i].winner.as_slice(), train[i].loser.as_slice())).collect();
+                rm.score_pairs(&pairs, Mode::Train)?
             }
         };
         let stats = pair_stats(&values(&w)?, &values(&l)?);
@@ -249,14 +249,6 @@ impl PairFeatures {
         let score = |f: &Tensor| rm.score_features(&f.index_select(&idx, 0)?);
         Ok((score(&self.winners)?, score(&self.losers)?))
     }
-}
-
-/// One side (winner or loser) of each pair, as token rows.
-fn side_rows<'a>(
-    pairs: impl IntoIterator<Item = &'a EncodedPair>,
-    side: fn(&EncodedPair) -> &Vec<u32>,
-) -> Vec<Vec<u32>> {
-    pairs.into_iter().map(|p| side(p).clone()).collect()
 }
 
 fn values(t: &Tensor) -> Result<Vec<f64>> {
