@@ -151,11 +151,9 @@ impl JointRewardModel {
     pub fn score_pairs(&self, pairs: &[(&[u32], &[u32])], mode: Mode) -> Result<(Tensor, Tensor)> {
         if pairs.iter().any(|(a, b)| a.is_empty() || b.is_empty()) {
             // An empty row scores at its padded position 0 (as the reference): only a padded batch has one.
-            let side = |pick: fn(&(&[u32], &[u32])) -> Vec<u32>| pairs.iter().map(pick).collect::<Vec<_>>();
-            return Ok((
-                self.score_rows(&side(|p| p.0.to_vec()), mode)?,
-                self.score_rows(&side(|p| p.1.to_vec()), mode)?,
-            ));
+            let winners: Vec<Vec<u32>> = pairs.iter().map(|p| p.0.to_vec()).collect();
+            let losers: Vec<Vec<u32>> = pairs.iter().map(|p| p.1.to_vec()).collect();
+            return Ok((self.score_rows(&winners, mode)?, self.score_rows(&losers, mode)?));
         }
         let (w, l) = pair_last_token_hidden(&self.backbone, pairs, mode)?;
         Ok((self.head.forward(&w)?, self.head.forward(&l)?))
