@@ -96,8 +96,6 @@ pub struct PairBatch {
     pub bias: Tensor,      // (b, 1, len, len) f32
     /// Per pair: the column of the first row's last token and of the second row's.
     pub last: Vec<(usize, usize)>,
-    /// Tokens the packing did not run twice (the common prefixes), over the whole batch.
-    pub shared_tokens: usize,
 }
 
 /// How many first tokens two rows have in common.
@@ -155,7 +153,6 @@ impl PairBatch {
             positions: Tensor::from_vec(positions, (n, len), dev)?,
             bias: Tensor::from_vec(bias, (n, 1, len, len), dev)?,
             last,
-            shared_tokens: shapes.iter().map(|s| s.1).sum(),
         })
     }
 }
@@ -210,7 +207,6 @@ mod tests {
         assert_eq!(b.ids.to_vec2::<u32>().unwrap(), vec![vec![1, 2, 3, 4, 5], vec![7, 8, 9, 0, 0]]);
         assert_eq!(b.positions.to_vec2::<u32>().unwrap(), vec![vec![0, 1, 2, 3, 2], vec![0, 1, 2, 2, 2]]);
         assert_eq!(b.last, vec![(3, 4), (2, 1)]);
-        assert_eq!(b.shared_tokens, 4);
         let bias: Vec<Vec<Vec<f32>>> = b.bias.squeeze(1).unwrap().to_vec3().unwrap();
         let open = |r: usize, i: usize| -> Vec<usize> { (0..5).filter(|&j| bias[r][i][j] == 0.0).collect() };
         assert_eq!(open(0, 3), vec![0, 1, 2, 3], "the first row is causal");
