@@ -65,11 +65,12 @@ echo "== comlrl MARLHF on pbrl's round"
   --round "$OUT/collect-run/preference_replay/iteration_0001.json" --out "$OUT/comlrl_marlhf.json"
 
 # Iterative MADPO: 4 items x 2 rounds against the current team (the same candidate, pair and
-# training settings), no evaluations; CoMLRL's MADPOIterTrainer.train() the same way.
+# training settings, and the reference's iterative comparator_reward selection whatever the
+# quickstart sets), no evaluations; CoMLRL's MADPOIterTrainer.train() the same way.
 head -4 data/length_ratio/train.jsonl > "$OUT/train4.jsonl"
 rm -rf "$OUT/iterate-run"
 iter=("${common[@]/$OUT\/collect-run/$OUT/iterate-run}" task.train_file="$OUT/train4.jsonl" num_iterations=2
-  comparator_policy=current eval_num_samples=0)
+  comparator_policy=current eval_num_samples=0 pair_selection=comparator_reward)
 echo "== pbrl iterate"; measure "$OUT/pbrl_iterate.json" target/release/pbrl iterate "${iter[@]}"
 echo "== comlrl MADPOIter"
 rm -rf "$OUT/comlrl-iterate-rounds"
