@@ -99,7 +99,7 @@ pub struct PairBatch {
 }
 
 /// How many first tokens two rows have in common.
-pub fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
+fn common_prefix_len(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 

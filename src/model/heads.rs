@@ -185,18 +185,22 @@ pub fn pair_last_token_hidden(model: &LoadedModel, pairs: &[(&[u32], &[u32])], m
     let batch = PairBatch::new(pairs, model.tokenizer.pad_id, &device)?;
     let seq = batch.ids.dim(1)?;
     let hidden = model.model.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, mode)?;
-    let side = |pick: fn(&(usize, usize)) -> usize| -> Result<Tensor> {
-        let idx: Vec<u32> = batch.last.iter().enumerate().map(|(r, l)| (r * seq + pick(l)) as u32).collect();
-        Ok(hidden.index_select(&Tensor::new(idx.as_slice(), &device)?, 0)?)
-    };
-    Ok((side(|l| l.0)?, side(|l| l.1)?))
+    let winners: Vec<usize> = batch.last.iter().map(|l| l.0).collect();
+    let losers: Vec<usize> = batch.last.iter().map(|l| l.1).collect();
+    Ok((rows_at(&hidden, seq, &winners)?, rows_at(&hidden, seq, &losers)?))
 }
 
 /// Each right-padded row's last real token from hidden states as (b·seq, hidden) rows: the
 /// reference's "last position whose mask is 1" (for right padding: length − 1; an empty row
 /// takes position 0, as the reference does).
 pub fn last_token_rows(hidden_rows: &Tensor, seq: usize, lengths: &[usize]) -> Result<Tensor> {
-    let idx: Vec<u32> = lengths.iter().enumerate().map(|(b, &n)| (b * seq + n.saturating_sub(1)) as u32).collect();
+    let columns: Vec<usize> = lengths.iter().map(|&n| n.saturating_sub(1)).collect();
+    rows_at(hidden_rows, seq, &columns)
+}
+
+/// Row `b`'s hidden state at column `columns[b]`, from hidden states as (b·seq, hidden) rows.
+fn rows_at(hidden_rows: &Tensor, seq: usize, columns: &[usize]) -> Result<Tensor> {
+    let idx: Vec<u32> = columns.iter().enumerate().map(|(b, &c)| (b * seq + c) as u32).collect();
     let idx = Tensor::new(idx.as_slice(), hidden_rows.device())?;
     Ok(hidden_rows.index_select(&idx, 0)?)
 }
