@@ -50,6 +50,13 @@ fn madpo_lowers_the_loss_and_saves_loadable_agents() {
     {
         assert!(metrics.contains(key), "{key} not logged");
     }
+    // Every update says where its time went: backward and AdamW are parts of the whole.
+    let [update, backward, adamw] =
+        ["time/update_s", "time/backward_s", "time/optimizer_s"].map(|k| common::metric_values(&d.join("run"), k));
+    assert_eq!((update.len(), backward.len(), adamw.len()), (l.len(), l.len(), l.len()));
+    for ((u, b), a) in update.iter().zip(&backward).zip(&adamw) {
+        assert!(*b > 0.0 && *a > 0.0 && b + a <= *u, "update {u} s, backward {b} s, AdamW {a} s");
+    }
     for i in 0..2 {
         let agent = d.join(format!("run/agents/agent_{i}"));
         assert!(agent.join("model.safetensors").is_file());

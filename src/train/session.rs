@@ -51,6 +51,17 @@ pub struct Step<'s> {
     pub epoch: u64,
     /// Tokens the batch computed on (for `tokens_per_s`); the step adds its own.
     pub tokens: &'s mut usize,
+    /// Seconds this batch spent in backward passes and in AdamW (all agents together).
+    pub times: PhaseTimes,
+}
+
+/// Where an update's time went, logged as `time/*`: the backward passes and the AdamW steps
+/// are timed in [`Step::apply`]; the rest of `time/update_s` is the stage's own work (forward
+/// passes, and rollouts for RL).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PhaseTimes {
+    pub backward_s: f64,
+    pub optimizer_s: f64,
 }
 
 impl Step<'_> {
@@ -63,10 +74,14 @@ impl Step<'_> {
             self.progress.skipped_nonfinite[i] += 1;
             return Ok(None);
         }
+        let backward = std::time::Instant::now();
         let grads = loss.backward().with_context(|| format!("agent {i}: backward pass"))?;
         drop(loss);
         keep_alive(); // free the activations before the optimizer touches its moments
+        self.times.backward_s += backward.elapsed().as_secs_f64();
+        let adamw = std::time::Instant::now();
         let grad_norm = self.optims[i].step(&grads).with_context(|| format!("agent {i}: AdamW update"))?;
+        self.times.optimizer_s += adamw.elapsed().as_secs_f64();
         self.progress.optimizer_steps[i] = self.optims[i].step;
         Ok(Some((value, grad_norm)))
     }
@@ -289,8 +304,19 @@ impl<'a> Session<'a> {
                 self.maybe_evaluate()?;
                 let mut metrics = json!({"stage": self.stage, "epoch": epoch + 1, "update": self.progress.updates + 1});
                 let progress = &mut self.progress;
-                let mut ctx = Step { optims: &mut self.optims, progress, epoch: epoch + 1, tokens: &mut tokens };
+                let update_started = std::time::Instant::now();
+                let mut ctx = Step {
+                    optims: &mut self.optims,
+                    progress,
+                    epoch: epoch + 1,
+                    tokens: &mut tokens,
+                    times: PhaseTimes::default(),
+                };
                 step(&mut ctx, chunk, &mut metrics)?;
+                let times = ctx.times;
+                metrics["time/update_s"] = json!(update_started.elapsed().as_secs_f64());
+                metrics["time/backward_s"] = json!(times.backward_s);
+                metrics["time/optimizer_s"] = json!(times.optimizer_s);
                 self.progress.updates += 1;
                 let secs = started.elapsed().as_secs_f64();
                 metrics["pairs_per_s"] =
