@@ -83,13 +83,81 @@ impl PaddedBatch {
     }
 }
 
+/// Sequences of rows that branch off shared prefixes, the layout behind prompt sharing in
+/// scoring and the reward model's packed pairs. A branch's tokens sit at their own row's
+/// positions (RoPE sees `prefix..`) and attend to their prefix's columns and to their own branch
+/// up to themselves, never to a sibling branch, so every token's hidden state is the one its row
+/// gives alone (the causal mask makes a prefix's states independent of what follows) while each
+/// prefix runs once. Sequences are right-padded to `len`; a padding query (its output is never
+/// read) attends to its sequence's tokens, so its softmax stays finite.
+pub struct BranchPack {
+    len: usize,
+    pad_id: u32,
+    ids: Vec<u32>,
+    positions: Vec<u32>,
+    bias: Vec<f32>,
+    /// The next free column of each sequence.
+    filled: Vec<usize>,
+}
+
+impl BranchPack {
+    pub fn new(sequences: usize, len: usize, pad_id: u32) -> Self {
+        Self {
+            len,
+            pad_id,
+            ids: vec![pad_id; sequences * len],
+            positions: vec![0; sequences * len],
+            bias: vec![MASKED; sequences * len * len],
+            filled: vec![0; sequences],
+        }
+    }
+
+    /// Append `tokens` to sequence `seq` at positions `first_position..`, each attending to the
+    /// columns `prefix` and to this branch's tokens up to itself (a row's start: an empty
+    /// `prefix`). Returns the columns the tokens took.
+    pub fn push(
+        &mut self,
+        seq: usize,
+        tokens: &[u32],
+        first_position: usize,
+        prefix: std::ops::Range<usize>,
+    ) -> std::ops::Range<usize> {
+        let (len, start) = (self.len, self.filled[seq]);
+        for (k, &id) in tokens.iter().enumerate() {
+            let col = seq * len + start + k;
+            self.ids[col] = id;
+            self.positions[col] = (first_position + k) as u32;
+            let keys = &mut self.bias[col * len..(col + 1) * len];
+            keys[prefix.clone()].fill(0.0);
+            keys[start..=start + k].fill(0.0);
+        }
+        self.filled[seq] = start + tokens.len();
+        start..self.filled[seq]
+    }
+
+    /// Pad every sequence (positions repeat its last one) and make the model's inputs: ids and
+    /// positions (sequences, len), the additive bias (sequences, 1, len, len).
+    pub fn finish(mut self, dev: &Device) -> Result<(Tensor, Tensor, Tensor)> {
+        let (len, n) = (self.len, self.filled.len());
+        for (seq, &used) in self.filled.iter().enumerate() {
+            let last = if used > 0 { self.positions[seq * len + used - 1] } else { 0 };
+            for col in seq * len + used..(seq + 1) * len {
+                self.ids[col] = self.pad_id;
+                self.positions[col] = last;
+                self.bias[col * len..col * len + used].fill(0.0);
+            }
+        }
+        Ok((
+            Tensor::from_vec(self.ids, (n, len), dev)?,
+            Tensor::from_vec(self.positions, (n, len), dev)?,
+            Tensor::from_vec(self.bias, (n, 1, len, len), dev)?,
+        ))
+    }
+}
+
 /// Pairs of token rows that begin alike (a winner's and a loser's joint text, which share the
-/// header and the first agent's prompt), one packed row per pair: the first row, then the second
-/// row's tokens after the common prefix. The second row's continuation sits at its own positions
-/// (RoPE sees `prefix..`) and attends to the prefix and to itself only, never to the first row's
-/// continuation, so every token's hidden state is the one its own row gives alone (the causal mask
-/// makes the prefix's states independent of what follows), while the prefix runs once. Rows are
-/// right-padded to the longest packed row.
+/// header and the first agent's prompt), one [`BranchPack`] sequence per pair: the first row,
+/// then the second row's tokens after the common prefix, branching off that prefix.
 pub struct PairBatch {
     pub ids: Tensor,       // (b, len) u32
     pub positions: Tensor, // (b, len) u32
@@ -108,52 +176,19 @@ impl PairBatch {
     pub fn new(pairs: &[(&[u32], &[u32])], pad_id: u32, dev: &Device) -> Result<Self> {
         anyhow::ensure!(!pairs.is_empty(), "empty batch");
         anyhow::ensure!(pairs.iter().all(|(a, b)| !a.is_empty() && !b.is_empty()), "an empty row cannot be packed");
-        // Per pair: (first row's length, common prefix, packed length).
-        let shapes: Vec<(usize, usize, usize)> = pairs
-            .iter()
-            .map(|(a, b)| {
-                let p = common_prefix_len(a, b);
-                (a.len(), p, a.len() + b.len() - p)
-            })
-            .collect();
-        let len = shapes.iter().map(|s| s.2).max().unwrap_or(1);
-        let n = pairs.len();
-        let (mut ids, mut positions) = (Vec::with_capacity(n * len), Vec::with_capacity(n * len));
-        let mut bias = vec![MASKED; n * len * len];
-        let mut last = Vec::with_capacity(n);
-        for (r, (&(a, b), &(na, p, packed))) in pairs.iter().zip(&shapes).enumerate() {
-            ids.extend_from_slice(a);
-            ids.extend_from_slice(&b[p..]);
-            ids.extend(std::iter::repeat_n(pad_id, len - packed));
-            positions.extend(0..na as u32);
-            positions.extend(p as u32..b.len() as u32);
-            let end = positions.last().copied().unwrap_or(0);
-            positions.extend(std::iter::repeat_n(end, len - packed));
-            for i in 0..len {
-                let row = &mut bias[(r * len + i) * len..(r * len + i + 1) * len];
-                // Keys a query attends to: its own row's earlier tokens; a padding query (its
-                // output is never read) the whole packed row, so its softmax stays finite.
-                let keys = |j: usize| match i {
-                    i if i < na => j <= i,
-                    i if i < packed => j < p || (na..=i).contains(&j),
-                    _ => j < packed,
-                };
-                for (j, x) in row.iter_mut().enumerate() {
-                    if keys(j) {
-                        *x = 0.0;
-                    }
-                }
-            }
+        let prefixes: Vec<usize> = pairs.iter().map(|(a, b)| common_prefix_len(a, b)).collect();
+        let len = pairs.iter().zip(&prefixes).map(|((a, b), p)| a.len() + b.len() - p).max().unwrap_or(1);
+        let mut pack = BranchPack::new(pairs.len(), len, pad_id);
+        let mut last = Vec::with_capacity(pairs.len());
+        for (r, (&(a, b), &p)) in pairs.iter().zip(&prefixes).enumerate() {
+            let first = pack.push(r, a, 0, 0..0);
+            let second = pack.push(r, &b[p..], p, 0..p);
             // The second row's last token is in its continuation, or (a row that is a prefix of
             // the first) the prefix's last token.
-            last.push((na - 1, if b.len() > p { packed - 1 } else { p - 1 }));
+            last.push((first.end - 1, if second.is_empty() { p - 1 } else { second.end - 1 }));
         }
-        Ok(Self {
-            ids: Tensor::from_vec(ids, (n, len), dev)?,
-            positions: Tensor::from_vec(positions, (n, len), dev)?,
-            bias: Tensor::from_vec(bias, (n, 1, len, len), dev)?,
-            last,
-        })
+        let (ids, positions, bias) = pack.finish(dev)?;
+        Ok(Self { ids, positions, bias, last })
     }
 }
 
@@ -214,6 +249,25 @@ mod tests {
         assert_eq!(open(1, 1), vec![0, 1]);
         assert_eq!(open(1, 4), vec![0, 1, 2], "padding sees the packed row only");
         assert!(PairBatch::new(&[(&[1], &[])], 0, &dev).is_err());
+    }
+
+    #[test]
+    fn branch_packs_keep_each_group_and_each_branch_to_itself() {
+        // One sequence, two groups: prompt [1, 2] with branches [3] and [4, 5]; prompt [6].
+        let mut pack = BranchPack::new(1, 8, 0);
+        let p = pack.push(0, &[1, 2], 0, 0..0);
+        assert_eq!((pack.push(0, &[3], 2, p.clone()), pack.push(0, &[4, 5], 2, p)), (2..3, 3..5));
+        assert_eq!(pack.push(0, &[6], 0, 5..5), 5..6);
+        let (ids, positions, bias) = pack.finish(&Device::Cpu).unwrap();
+        assert_eq!(ids.to_vec2::<u32>().unwrap(), vec![vec![1, 2, 3, 4, 5, 6, 0, 0]]);
+        assert_eq!(positions.to_vec2::<u32>().unwrap(), vec![vec![0, 1, 2, 2, 3, 0, 0, 0]]);
+        let bias: Vec<Vec<f32>> = bias.squeeze(0).unwrap().squeeze(0).unwrap().to_vec2().unwrap();
+        let open = |i: usize| -> Vec<usize> { (0..8).filter(|&j| bias[i][j] == 0.0).collect() };
+        assert_eq!(open(1), vec![0, 1], "a prompt is causal");
+        assert_eq!(open(2), vec![0, 1, 2]);
+        assert_eq!(open(4), vec![0, 1, 3, 4], "a branch sees its prompt and itself, not its sibling");
+        assert_eq!(open(5), vec![5], "a second group starts afresh");
+        assert_eq!(open(7), (0..6).collect::<Vec<_>>(), "padding sees the sequence's tokens");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 use anyhow::Result;
 use candle_core::Tensor;
 
-use super::batch::MASKED;
+use super::batch::BranchPack;
 use super::transformer::{CausalLm, Mode};
 
 /// One (prompt, completion) pair of token rows.
@@ -131,52 +131,31 @@ pub fn token_log_probs(
     }
     let len = packs.iter().map(|pk| pk.iter().map(|&g| group_len(&groups[g])).sum::<usize>()).max().unwrap_or(1);
 
-    let mut ids = vec![pad_id; packs.len() * len];
-    let mut pos = vec![0u32; packs.len() * len];
-    let mut bias = vec![MASKED; packs.len() * len * len];
+    let mut pack = BranchPack::new(packs.len(), len, pad_id);
     let mut positions = Vec::new(); // flat index into (packs · len) of each scored position
     let mut targets = Vec::new();
     let mut spans = vec![0..0; rows.len()]; // each row's scored positions, contiguous
-    for (k, pack) in packs.iter().enumerate() {
+    for (k, groups_here) in packs.iter().enumerate() {
         let base = k * len;
-        let mut t = 0; // next free column of this packed sequence
-        for &g in pack {
+        for &g in groups_here {
             let (prompt, members) = &groups[g];
             let p = prompt.len();
-            let prompt_start = t;
-            // (column, position, first column this token may attend to besides its prompt)
-            let mut put = |t: &mut usize, id: u32, position: usize, branch_start: usize| {
-                ids[base + *t] = id;
-                pos[base + *t] = position as u32;
-                let q = &mut bias[(base + *t) * len..(base + *t + 1) * len];
-                q[prompt_start..prompt_start + p].iter_mut().take(*t + 1 - prompt_start).for_each(|x| *x = 0.0);
-                q[branch_start..=*t].iter_mut().for_each(|x| *x = 0.0);
-                *t += 1;
-            };
-            for (j, &id) in prompt.iter().enumerate() {
-                put(&mut t, id, j, prompt_start);
-            }
+            let prompt_cols = pack.push(k, prompt, 0, 0..0);
             for &i in members {
                 let c = &rows[i].completion;
-                let branch_start = t;
+                let branch = pack.push(k, &c[..c.len() - 1], p, prompt_cols.clone());
                 let first = positions.len();
-                // completion[0] is predicted by the prompt's last token, completion[k] by completion[k-1].
-                for (k, &target) in c.iter().take(n_scored(&rows[i])).enumerate() {
-                    let col = if k == 0 { prompt_start + p - 1 } else { branch_start + k - 1 };
+                // completion[0] is predicted by the prompt's last token, completion[j] by completion[j-1].
+                for (j, &target) in c.iter().take(n_scored(&rows[i])).enumerate() {
+                    let col = if j == 0 { prompt_cols.end - 1 } else { branch.start + j - 1 };
                     positions.push((base + col) as u32);
                     targets.push(target);
                 }
                 spans[i] = first..positions.len();
-                for (j, &id) in c[..c.len() - 1].iter().enumerate() {
-                    put(&mut t, id, p + j, branch_start);
-                }
             }
         }
     }
-    let n_packs = packs.len();
-    let ids = Tensor::from_vec(ids, (n_packs, len), &dev)?;
-    let pos = Tensor::from_vec(pos, (n_packs, len), &dev)?;
-    let bias = Tensor::from_vec(bias, (n_packs, 1, len, len), &dev)?;
+    let (ids, pos, bias) = pack.finish(&dev)?;
     let hidden = model.forward_rows(&ids, &pos, &bias, None, mode)?; // (packs·len, h)
     let picked = hidden.index_select(&Tensor::new(positions.as_slice(), &dev)?, 0)?;
     let logits = model.lm_head(&picked)?; // (n, vocab)
