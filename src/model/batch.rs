@@ -92,7 +92,7 @@ impl PaddedBatch {
 /// read) attends to its sequence's tokens, so its softmax stays finite.
 pub struct BranchPack {
     len: usize,
-    pad_id: u32,
+    /// Padding where nothing was pushed.
     ids: Vec<u32>,
     positions: Vec<u32>,
     bias: Vec<f32>,
@@ -104,7 +104,6 @@ impl BranchPack {
     pub fn new(sequences: usize, len: usize, pad_id: u32) -> Self {
         Self {
             len,
-            pad_id,
             ids: vec![pad_id; sequences * len],
             positions: vec![0; sequences * len],
             bias: vec![MASKED; sequences * len * len],
@@ -142,7 +141,6 @@ impl BranchPack {
         for (seq, &used) in self.filled.iter().enumerate() {
             let last = if used > 0 { self.positions[seq * len + used - 1] } else { 0 };
             for col in seq * len + used..(seq + 1) * len {
-                self.ids[col] = self.pad_id;
                 self.positions[col] = last;
                 self.bias[col * len..col * len + used].fill(0.0);
             }
