@@ -90,25 +90,23 @@ fn a_second_command_on_a_locked_run_directory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     setup(d, "num_train_epochs = 1");
-    // Hold the lock from another process, as a long collect would.
+    // Hold the lock from another process, as a long collect would; it says when it holds it
+    // (a collect started before that would take the lock itself and write its round).
     std::fs::create_dir_all(d.join("run")).unwrap();
     let mut holder = Command::new("flock")
-        .args(["-o", "run/.pbrl.lock", "sleep", "30"])
+        .args(["-o", "run/.pbrl.lock", "sh", "-c", "touch run/held && sleep 30"])
         .current_dir(d)
         .stdout(Stdio::null())
         .spawn()
         .expect("flock(1) is part of util-linux");
     let lock = d.join("run/.pbrl.lock");
     let start = std::time::Instant::now();
-    let mut last = String::new();
-    while start.elapsed().as_secs() < 10 {
-        let o = pbrl(&["collect", "--config", "c.toml", "--round", "2"], d);
-        if o.status.code() == Some(2) {
-            last = String::from_utf8_lossy(&o.stderr).to_string();
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    while !d.join("run/held").exists() && start.elapsed().as_secs() < 20 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    let o = pbrl(&["collect", "--config", "c.toml", "--round", "2"], d);
+    let last = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(2), "{last}");
     holder.kill().unwrap();
     holder.wait().unwrap();
     assert!(last.contains("is in use by"), "{last}");
