@@ -180,10 +180,11 @@ impl PairBatch {
         let mut last = Vec::with_capacity(pairs.len());
         for (r, (&(a, b), &p)) in pairs.iter().zip(&prefixes).enumerate() {
             let first = pack.push(r, a, 0, 0..0);
-            let second = pack.push(r, &b[p..], p, 0..p);
+            let prefix = first.start..first.start + p;
+            let second = pack.push(r, &b[p..], p, prefix.clone());
             // The second row's last token is in its continuation, or (a row that is a prefix of
             // the first) the prefix's last token.
-            last.push((first.end - 1, if second.is_empty() { p - 1 } else { second.end - 1 }));
+            last.push((first.end - 1, if second.is_empty() { prefix.end - 1 } else { second.end - 1 }));
         }
         let (ids, positions, bias) = pack.finish(dev)?;
         Ok(Self { ids, positions, bias, last })
