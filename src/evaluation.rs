@@ -92,14 +92,16 @@ impl Evaluation {
 
 /// Each agent samples `eval_samples_per_item` completions per item (batches of
 /// `eval_batch_size` items, a prompt's samples sharing its prefill); each joint response is
-/// scored with the task reward and reward_processor. Used by `pbrl eval` and by the periodic
-/// evaluation during training.
+/// scored with the task reward and reward_processor. The draws come from the streams under
+/// `stream` (`cfg.seed` for `pbrl eval`; see [`periodic_eval_stream`]). Used by `pbrl eval` and
+/// by the periodic evaluation during training.
 pub fn evaluate(
     cfg: &Config,
     team: &[Agent],
     items: &[TaskItem],
     reward: &mut dyn TaskReward,
     processor: RewardProcessor,
+    stream: u64,
 ) -> Result<Evaluation> {
     check_fits(team, items, cfg.max_new_tokens as usize, cfg.eval_rows(), "eval")?;
     let params = cfg.sampling();
@@ -112,7 +114,7 @@ pub fn evaluate(
     let mut rewards = Vec::with_capacity(items.len());
     for (batch_idx, batch) in items.chunks(cfg.eval_batch_size as usize).enumerate() {
         let first = batch_idx * cfg.eval_batch_size as usize;
-        let seed = |j: usize, a: usize, r: usize| eval_seed(cfg.seed, first + j, a, r);
+        let seed = |j: usize, a: usize, r: usize| eval_seed(stream, first + j, a, r);
         let out = rollout(team, batch, k, &params, seed, |n| {
             generated += n;
             bar.set_message(format!("{:.1} tok/s", generated as f64 / started.elapsed().as_secs_f64()));
@@ -150,6 +152,19 @@ pub fn evaluate(
     Ok(out)
 }
 
+/// The stream of the periodic evaluations of a training on `rounds`: `seed`'s (that of
+/// `pbrl eval`) up to round 1, a stream of its own for each later round. Within one training
+/// every evaluation draws the same samples, so keep-best compares its checkpoints on common
+/// random numbers; across rounds the streams differ, so a round's starting team, which the
+/// previous round kept *because* it scored best on its stream, is scored afresh instead of
+/// carrying that selected (optimistic) score as the bar the next round must beat.
+pub fn periodic_eval_stream(seed: u64, rounds: &[u32]) -> u64 {
+    match rounds.iter().max() {
+        Some(&newest) if newest > 1 => derive_seed(seed, &[purpose::EVAL_ROUND, newest as u64]),
+        _ => seed,
+    }
+}
+
 /// The seed of agent `agent`'s sample `sample` for eval item `item`. Sample 0 keeps the
 /// one-sample stream, so `eval_samples_per_item = 1` evaluates exactly as before it existed.
 fn eval_seed(seed: u64, item: usize, agent: usize, sample: usize) -> u64 {
@@ -184,6 +199,15 @@ mod tests {
         // Identical item means: no spread between items, whatever the samples do.
         assert_eq!(stderr_over_items(&[0.0, 1.0, 1.0, 0.0], 2), 0.0);
         assert_eq!(stderr_over_items(&[0.3], 1), 0.0);
+    }
+
+    #[test]
+    fn periodic_evaluations_draw_a_fresh_stream_after_round_one() {
+        assert_eq!(periodic_eval_stream(42, &[]), 42);
+        assert_eq!(periodic_eval_stream(42, &[1]), 42);
+        let (r2, r3) = (periodic_eval_stream(42, &[1, 2]), periodic_eval_stream(42, &[3]));
+        assert!(r2 != 42 && r3 != 42 && r2 != r3);
+        assert_eq!(periodic_eval_stream(42, &[2, 1]), r2);
     }
 
     #[test]

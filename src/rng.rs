@@ -29,6 +29,7 @@ pub mod purpose {
     pub const RL_BUFFER: u64 = 11;
     pub const VALUE_HEAD: u64 = 12;
     pub const COMPARATOR: u64 = 13;
+    pub const EVAL_ROUND: u64 = 14;
 }
 
 #[cfg(test)]

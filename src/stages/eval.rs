@@ -28,7 +28,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<EvalRepo
     let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
     let team = load_members(cfg, run_dir, members)?;
     let started = std::time::Instant::now();
-    let outcome = evaluate(cfg, &team, &items, reward.as_mut(), processor)?;
+    let outcome = evaluate(cfg, &team, &items, reward.as_mut(), processor, cfg.seed)?;
     let (mean, stderr) = (outcome.reward_mean(), outcome.reward_stderr);
     let report = json!({"metrics": outcome.metrics(), "items": outcome.records});
     let stem = chrono::Utc::now().format("eval-%Y%m%dT%H%M%SZ").to_string();

@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 
 use super::optim::{AdamW, AdamWConfig};
 use crate::config::Config;
-use crate::evaluation::{evaluate, periodic_eval_items};
+use crate::evaluation::{evaluate, periodic_eval_items, periodic_eval_stream};
 use crate::model::LoadedModel;
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
@@ -92,6 +92,8 @@ struct PeriodicEval {
     items: Vec<TaskItem>,
     reward: Box<dyn TaskReward>,
     processor: RewardProcessor,
+    /// The seed of its draws (`periodic_eval_stream`).
+    stream: u64,
     /// The newest evaluation.
     last: Option<EvalPoint>,
 }
@@ -250,7 +252,13 @@ impl<'a> Session<'a> {
                 Some(items) => {
                     check_fits(team, &items, cfg.max_new_tokens as usize, cfg.eval_rows(), "eval")?;
                     let (reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
-                    Some(PeriodicEval { items, reward, processor, last: None })
+                    Some(PeriodicEval {
+                        items,
+                        reward,
+                        processor,
+                        stream: periodic_eval_stream(cfg.seed, &rounds),
+                        last: None,
+                    })
                 }
                 None => None,
             },
@@ -357,7 +365,7 @@ impl<'a> Session<'a> {
     /// beat the best so far (strictly: a tie keeps the earlier, less trained agents).
     fn evaluate_now(&mut self) -> Result<()> {
         let (Some(ev), Some(team)) = (self.eval.as_mut(), self.team) else { return Ok(()) };
-        let out = evaluate(self.cfg, team, &ev.items, ev.reward.as_mut(), ev.processor)?;
+        let out = evaluate(self.cfg, team, &ev.items, ev.reward.as_mut(), ev.processor, ev.stream)?;
         let point = EvalPoint {
             update: self.progress.updates,
             reward_mean: out.reward_mean(),
