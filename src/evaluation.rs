@@ -4,6 +4,7 @@
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
+use crate::algo::trend::{item_means, MeanSe};
 use crate::config::{Config, EvalSplit};
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
@@ -55,6 +56,12 @@ impl Evaluation {
         self.rewards.iter().sum::<f64>() / self.rewards.len().max(1) as f64
     }
 
+    /// Each item's mean reward over its samples, in item order (what paired comparisons
+    /// between two evaluations of the same items read).
+    pub fn item_means(&self, samples_per_item: usize) -> Vec<f64> {
+        item_means(&self.rewards, samples_per_item)
+    }
+
     /// Mean length in characters of each role's responses.
     pub fn response_chars_mean(&self) -> Vec<f64> {
         let mut sums: Vec<f64> = Vec::new();
@@ -103,7 +110,7 @@ pub fn evaluate(
     processor: RewardProcessor,
     stream: u64,
 ) -> Result<Evaluation> {
-    check_fits(team, items, cfg.max_new_tokens as usize, cfg.eval_rows(), "eval")?;
+    check_fits(team, items, &cfg.max_new_tokens(), cfg.eval_rows(), "eval")?;
     let params = cfg.sampling();
     let k = cfg.eval_samples_per_item as usize;
     let collab = Collaboration::from_config(cfg);
@@ -178,14 +185,11 @@ fn eval_seed(seed: u64, item: usize, agent: usize, sample: usize) -> u64 {
 /// Standard error of the mean reward over items: rewards come item-major, `k` per item; an
 /// item's samples are averaged first (they share a prompt, so they are not independent).
 fn stderr_over_items(rewards: &[f64], k: usize) -> f64 {
-    let means: Vec<f64> = rewards.chunks(k).map(|c| c.iter().sum::<f64>() / c.len() as f64).collect();
-    let n = means.len();
-    if n < 2 {
+    let means = item_means(rewards, k);
+    if means.len() < 2 {
         return 0.0;
     }
-    let mean = means.iter().sum::<f64>() / n as f64;
-    let var = means.iter().map(|m| (m - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
-    (var / n as f64).sqrt()
+    MeanSe::of(&means).se
 }
 
 #[cfg(test)]

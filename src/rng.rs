@@ -30,6 +30,7 @@ pub mod purpose {
     pub const VALUE_HEAD: u64 = 12;
     pub const COMPARATOR: u64 = 13;
     pub const EVAL_ROUND: u64 = 14;
+    pub const REWARD_FRESH: u64 = 15;
 }
 
 #[cfg(test)]

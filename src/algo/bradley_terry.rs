@@ -49,6 +49,28 @@ pub fn pair_stats(winner: &[f64], loser: &[f64]) -> PairStats {
     }
 }
 
+/// How well a reward model orders fresh samples of one prompt among themselves, the order
+/// MAGRPO's group advantages read: over every prompt's pairs of samples whose oracle rewards
+/// differ by more than `tie`, the count the model orders the oracle's way (a model tie counts
+/// as wrong), and the count of such pairs. `groups[g] = (oracle, model)` scores of prompt g's
+/// samples.
+pub fn within_prompt_order(groups: &[(Vec<f64>, Vec<f64>)], tie: f64) -> (usize, usize) {
+    let (mut right, mut total) = (0, 0);
+    for (oracle, model) in groups {
+        for i in 0..oracle.len() {
+            for j in i + 1..oracle.len() {
+                let gap = oracle[i] - oracle[j];
+                if gap.abs() <= tie {
+                    continue;
+                }
+                total += 1;
+                right += usize::from(gap * (model[i] - model[j]) > 0.0);
+            }
+        }
+    }
+    (right, total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,5 +106,14 @@ mod tests {
         assert!((s.loss - by_hand).abs() < 1e-12);
         assert!((s.accuracy - 2.0 / 3.0).abs() < 1e-12);
         assert!((s.margin_mean - 81.0 / 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn within_prompt_order_counts_pairs_with_an_oracle_gap() {
+        // Prompt 0: oracle 0.1 < 0.5 < 0.9; the model swaps the last two (2 of 3 right).
+        // Prompt 1: an oracle tie (skipped), a model tie and a wrong order (0 of 2).
+        let groups = vec![(vec![0.1, 0.5, 0.9], vec![-1.0, 2.0, 1.0]), (vec![0.3, 0.3, 0.8], vec![0.0, 5.0, 0.0])];
+        assert_eq!(within_prompt_order(&groups, 1e-9), (2, 3 + 2));
+        assert_eq!(within_prompt_order(&groups, 0.45), (1, 3), "only gaps over 0.45");
     }
 }

@@ -66,6 +66,54 @@ impl DeviceSpec {
     }
 }
 
+/// `max_new_tokens`: one limit for every actor, or one per actor (a list, like
+/// `task.formatters`), so a brief and a detailed writer can have limits of their own.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum TokenLimit {
+    One(i64),
+    PerActor(Vec<i64>),
+}
+
+impl TokenLimit {
+    /// The limit of each of `n` actors (validated: a list has one entry per actor, each >= 1).
+    pub fn resolve(&self, n: usize) -> Result<Vec<usize>, ConfigError> {
+        let limits = match self {
+            TokenLimit::One(t) => vec![*t; n],
+            TokenLimit::PerActor(v) if v.len() == n => v.clone(),
+            TokenLimit::PerActor(v) => {
+                return err(format!(
+                    "max_new_tokens has {} entries but there are {n} actors; give one number or one per actor",
+                    v.len()
+                ))
+            }
+        };
+        if limits.iter().any(|&t| t < 1) {
+            return err("max_new_tokens must be >= 1.");
+        }
+        Ok(limits.into_iter().map(|t| t as usize).collect())
+    }
+}
+
+impl<'de> Deserialize<'de> for TokenLimit {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            One(i64),
+            PerActor(Vec<i64>),
+            Other(toml::Value),
+        }
+        match Raw::deserialize(d)? {
+            Raw::One(t) => Ok(TokenLimit::One(t)),
+            Raw::PerActor(v) => Ok(TokenLimit::PerActor(v)),
+            Raw::Other(v) => Err(serde::de::Error::custom(format!(
+                "invalid value `{v}` (use an integer, or a list of integers with one per actor)"
+            ))),
+        }
+    }
+}
+
 /// The items of the periodic evaluation during training: the eval file, or a share of the train
 /// items (a number in (0, 1)) held out from collection and training.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -208,6 +256,10 @@ pub struct Config {
     /// Share of the selected pairs `fit-rm` holds out to report the reward model's accuracy
     /// on pairs it was not fitted on (0: none).
     pub reward_eval_fraction: f64,
+    /// Fresh joint responses the current team samples per held-out item after `fit-rm`, to
+    /// measure how well the reward model orders samples of one prompt (`rm/fresh_rank_acc`,
+    /// what MAGRPO's advantages read); 0: not measured.
+    pub reward_fresh_samples: i64,
 
     // --- reference MADPOConfig fields -------------------------------------------------------
     pub num_train_epochs: i64,
@@ -217,7 +269,8 @@ pub struct Config {
     pub collaboration_mode: String,
     pub parallel_training: String,
     pub agent_devices: Option<DeviceSpec>,
-    pub max_new_tokens: i64,
+    /// Tokens each actor may generate per answer: one number, or a list with one per actor.
+    pub max_new_tokens: TokenLimit,
     pub temperature: f64,
     pub top_p: f64,
     #[serde(deserialize_with = "opt")]
@@ -368,6 +421,7 @@ impl Default for Config {
             eval_split: EvalSplit::EvalFile,
             keep_best: false,
             reward_eval_fraction: 0.1,
+            reward_fresh_samples: 4,
             num_train_epochs: 20,
             agent_learning_rate: 5e-6,
             logging_steps: 50,
@@ -375,7 +429,7 @@ impl Default for Config {
             collaboration_mode: "decentralized".into(),
             parallel_training: "none".into(),
             agent_devices: None,
-            max_new_tokens: 256,
+            max_new_tokens: TokenLimit::One(256),
             temperature: 0.6,
             top_p: 0.6,
             top_k: Some(50),
@@ -520,14 +574,27 @@ impl Config {
         toml::to_string(self).expect("config serializes")
     }
 
-    /// The sampling settings every stage uses (collection, evaluation, exported agents).
-    pub fn sampling(&self) -> crate::model::SamplingParams {
-        crate::model::SamplingParams {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k.map(|k| k as usize),
-            max_new_tokens: self.max_new_tokens as usize,
+    /// Each actor's `max_new_tokens` (one entry per actor and each >= 1: checked when the
+    /// config loads).
+    pub fn max_new_tokens(&self) -> Vec<usize> {
+        match &self.max_new_tokens {
+            TokenLimit::One(t) => vec![*t as usize; self.num_actors()],
+            TokenLimit::PerActor(v) => v.iter().map(|&t| t as usize).collect(),
         }
+    }
+
+    /// Each actor's sampling settings, as every stage uses them (collection, evaluation,
+    /// exported agents): the same but for `max_new_tokens`, which may be per actor.
+    pub fn sampling(&self) -> Vec<crate::model::SamplingParams> {
+        self.max_new_tokens()
+            .into_iter()
+            .map(|max_new_tokens| crate::model::SamplingParams {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                top_k: self.top_k.map(|k| k as usize),
+                max_new_tokens,
+            })
+            .collect()
     }
 
     /// `preference_replay_sample_size` as a count.

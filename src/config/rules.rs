@@ -147,9 +147,7 @@ impl Config {
             return err("advantage_mode must be one of: mean, raw, max, rloo.");
         }
         // pbrl's own rules.
-        if self.max_new_tokens < 1 {
-            return err("max_new_tokens must be >= 1.");
-        }
+        self.max_new_tokens.resolve(self.num_actors())?;
         if self.temperature < 0.0 {
             return err("temperature must be >= 0 (0 means greedy decoding).");
         }
@@ -239,6 +237,9 @@ impl Config {
         }
         if self.reward_max_length.is_some_and(|m| m < 1) {
             return err("reward_max_length must be >= 1 or null.");
+        }
+        if !(0..=64).contains(&self.reward_fresh_samples) {
+            return err("reward_fresh_samples must be in [0, 64] (0: not measured).");
         }
         if !(0.0..1.0).contains(&self.reward_eval_fraction) {
             return err("reward_eval_fraction must be in [0, 1) (0 holds no pairs out).");

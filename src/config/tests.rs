@@ -19,10 +19,24 @@ fn defaults_are_the_reference_madpo_defaults() {
     assert_eq!(c.preference_pairs_per_sample, Some(16));
     assert_eq!(c.pair_selection, "reward_gap");
     assert_eq!(c.dpo_beta, 0.1);
-    assert_eq!(c.max_new_tokens, 256);
+    assert_eq!(c.max_new_tokens(), vec![256, 256]);
     assert_eq!((c.temperature, c.top_p, c.top_k), (0.6, 0.6, Some(50)));
     assert_eq!(c.eval_interval, 16);
     assert_eq!(c.pairs_per_update(), 2, "train_batch_size defaults to rollout_buffer_size");
+}
+
+/// One number is every actor's limit; a list gives each actor its own, in the sampling settings
+/// every stage uses; the one-number form is written back as it was (run fingerprints unchanged).
+#[test]
+fn max_new_tokens_is_one_number_or_one_per_actor() {
+    let one = load("max_new_tokens = 48", &[]).unwrap();
+    assert_eq!(one.max_new_tokens(), vec![48, 48]);
+    assert!(one.to_toml().contains("max_new_tokens = 48\n"));
+    let each = load("max_new_tokens = 48", &["max_new_tokens=[32, 160]"]).unwrap();
+    assert_eq!(each.max_new_tokens(), vec![32, 160]);
+    assert_eq!(each.sampling().iter().map(|s| s.max_new_tokens).collect::<Vec<_>>(), vec![32, 160]);
+    let centralized = load("collaboration_mode = \"centralized\"\nmax_new_tokens = [90]\nagents = [\"m\"]", &[]);
+    assert_eq!(centralized.unwrap().max_new_tokens(), vec![90], "one actor writes every role");
 }
 
 /// Every validation rule, with its message.
@@ -53,6 +67,12 @@ fn each_rule_reports_its_message() {
         ("joint_mode = \"cross\"", "joint_mode must be 'aligned'"),
         ("advantage_mode = \"median\"", "advantage_mode must be one of: mean, raw, max, rloo."),
         ("max_new_tokens = 0", "max_new_tokens must be >= 1."),
+        ("max_new_tokens = [64, 0]", "max_new_tokens must be >= 1."),
+        ("max_new_tokens = [64]", "max_new_tokens has 1 entries but there are 2 actors"),
+        (
+            "max_new_tokens = \"long\"",
+            "invalid value `\"long\"` (use an integer, or a list of integers with one per actor)",
+        ),
         ("reference_model_name = \"m\"", "reference_model_name is set but unused"),
         ("eval_split = 1.0", "eval_split must be \"eval_file\" or a share of the train items in (0, 1)."),
         ("eval_split = \"train\"", "invalid value `train`"),
@@ -65,6 +85,7 @@ fn each_rule_reports_its_message() {
         ("num_generations = 1", "num_generations must be >= 2 for MAGRPO-family MARLHF backends."),
         ("rl_algorithm = \"iac\"\nnum_generations = 0", "num_generations must be >= 1."),
         ("reward_eval_fraction = 1.0", "reward_eval_fraction must be in [0, 1)"),
+        ("reward_fresh_samples = 65", "reward_fresh_samples must be in [0, 64]"),
         ("critic_learning_rate = 0.0", "critic_learning_rate must be > 0 or null."),
         ("critic_type = \"a\"", "critic_type must be one of: v, q."),
         ("value_loss_coef = 0.0", "value_loss_coef must be > 0."),

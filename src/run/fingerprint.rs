@@ -33,6 +33,7 @@ const NOT_IN_FINGERPRINT: &[&str] = &[
     "log_reward_distribution",
     "reward_range",
     "collect_batch_size",
+    "reward_fresh_samples",
     "task.eval_file",
 ];
 

@@ -37,7 +37,7 @@ pub fn check_finite(what: &str, m: &LoadedModel) -> Result<()> {
 
 /// Save every actor as `agents/agent_i` (Hugging Face directories with the run's sampling
 /// settings), all or nothing.
-pub fn save_team(run: &RunDir, models: &[&LoadedModel], sampling: &SamplingParams) -> Result<()> {
+pub fn save_team(run: &RunDir, models: &[&LoadedModel], sampling: &[SamplingParams]) -> Result<()> {
     save_team_to(&run.agents(), models, sampling, None)
 }
 
@@ -46,7 +46,7 @@ pub fn save_team(run: &RunDir, models: &[&LoadedModel], sampling: &SamplingParam
 pub fn save_team_to(
     target: &Path,
     models: &[&LoadedModel],
-    sampling: &SamplingParams,
+    sampling: &[SamplingParams],
     extra: Option<(&str, &[u8])>,
 ) -> Result<()> {
     for (i, m) in models.iter().enumerate() {
@@ -56,7 +56,7 @@ pub fn save_team_to(
         let mut names = Vec::new();
         for (i, m) in models.iter().enumerate() {
             let name = format!("agent_{i}");
-            m.save_hf_dir(&tmp.join(&name), Some(sampling)).with_context(|| format!("saving agent {i}"))?;
+            m.save_hf_dir(&tmp.join(&name), Some(&sampling[i])).with_context(|| format!("saving agent {i}"))?;
             names.push(name);
         }
         if let Some((name, bytes)) = extra {

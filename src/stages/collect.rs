@@ -64,7 +64,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
     let team = load_team(cfg, run_dir)?;
     let rows = (batch_rows(cfg), "collect_batch_size × preference_num_candidates");
-    check_fits(&team, &items, cfg.max_new_tokens as usize, rows, "train")?;
+    check_fits(&team, &items, &cfg.max_new_tokens(), rows, "train")?;
     let collab = Collaboration::from_config(cfg);
     let params = cfg.sampling();
 

@@ -20,6 +20,9 @@ use crate::team::{load_members, Members};
 
 pub struct EvalReport {
     pub reward_mean: f64,
+    pub reward_stderr: f64,
+    /// Each eval item's mean reward over its samples, in the eval file's order.
+    pub item_means: Vec<f64>,
     pub path: std::path::PathBuf,
 }
 
@@ -49,7 +52,8 @@ pub fn run(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<EvalRepo
         cfg.eval_samples_per_item
     );
     println!("report: {}", path.display());
-    Ok(EvalReport { reward_mean: mean, path })
+    let item_means = outcome.item_means(cfg.eval_samples_per_item as usize);
+    Ok(EvalReport { reward_mean: mean, reward_stderr: stderr, item_means, path })
 }
 
 /// Write `<dir>/<stem>.json`, or `<stem>-2.json`, ... when a report of the same second exists;

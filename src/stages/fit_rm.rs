@@ -17,12 +17,21 @@
 //!    before the first update), the same on the held-out pairs. With a frozen backbone the
 //!    final hidden states cannot change, so they are computed once before the first update and
 //!    the epochs train the head on them (one backbone pass per text, not one per epoch);
-//! 5. save the reward model to `<run_dir>/reward_model/` (backbone, head, joint-text format).
+//! 5. save the reward model to `<run_dir>/reward_model/` (backbone, head, joint-text format);
+//! 6. the order RL reads: the current team samples `reward_fresh_samples` fresh joint responses
+//!    to each held-out item; `rm/fresh_rank_acc` is the share of their pairs with an oracle gap
+//!    that the reward model orders the oracle's way (held-out pairs are a round's extremes, and
+//!    a model can order those while it ranks one prompt's typical samples at chance), written
+//!    with the model as `fit_report.json` for `train-marlhf` to warn on.
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use serde_json::json;
 
-use crate::algo::bradley_terry::{bradley_terry_loss, pair_stats, PairStats};
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::algo::bradley_terry::{bradley_terry_loss, pair_stats, within_prompt_order, PairStats};
 use crate::device::parse_device;
 use crate::model::batch::distinct_rows;
 use crate::model::{LoadedModel, Mode};
@@ -30,8 +39,12 @@ use crate::prefs::replay::training_pairs;
 use crate::prefs::{round_path, PreferencePair};
 use crate::reward_model::JointRewardModel;
 use crate::rng::{derive_seed, purpose};
-use crate::run::RunDir;
-use crate::task::split::choose_held_out_groups;
+use crate::run::{atomic_write, RunDir};
+use crate::task::reward::build_reward;
+use crate::task::split::{choose_held_out_groups, train_items};
+use crate::team::collab::Collaboration;
+use crate::team::rollout::rollout;
+use crate::team::{check_fits, load_team};
 use crate::train::session::{Plan, Session, TrainingData};
 
 pub struct FitOptions {
@@ -43,6 +56,26 @@ pub struct FitReport {
     pub num_pairs: usize,
     /// The held-out pairs' statistics after the fit (none when nothing was held out).
     pub held_out: Option<PairStats>,
+    /// `rm/fresh_rank_acc` (none when not measured).
+    pub fresh_rank: Option<FreshRank>,
+}
+
+/// How the reward model orders fresh samples of held-out prompts (see step 6).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FreshRank {
+    /// `rm/fresh_rank_acc`: the share of pairs ordered the oracle's way.
+    pub fresh_rank_acc: f64,
+    /// Pairs of fresh samples of one prompt whose oracle rewards differ.
+    pub fresh_rank_pairs: usize,
+    pub fresh_rank_items: usize,
+}
+
+/// Below this `rm/fresh_rank_acc`, `train-marlhf` warns that its advantages are mostly noise.
+pub const FRESH_RANK_WARN: f64 = 0.6;
+
+/// The fit's report beside the saved model.
+pub fn fit_report_path(run_dir: &RunDir) -> std::path::PathBuf {
+    reward_model_dir(run_dir).join("fit_report.json")
 }
 
 /// Where `fit-rm` keeps its checkpoints, summary and plot.
@@ -68,7 +101,7 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     let (pairs, rounds) = training_pairs(&cfg.replay_dir(), cfg.seed, cfg.replay_mode(), cfg.replay_sample_size())?;
     if pairs.is_empty() {
         println!("no non-tied preference pairs in the selected rounds; no reward model was fitted");
-        return Ok(FitReport { updates: 0, num_pairs: 0, held_out: None });
+        return Ok(FitReport { updates: 0, num_pairs: 0, held_out: None, fresh_rank: None });
     }
     // Whole items are held out (all pairs of one prompt set together, across rounds too): a pair
     // whose prompt also has pairs in the fit measures memory of that prompt, not how the model
@@ -90,7 +123,8 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     } else {
         (pairs.iter().collect(), Vec::new())
     };
-    let held_items = held.iter().map(|p| &p.prompts).collect::<std::collections::HashSet<_>>().len();
+    let held_prompts: HashSet<Vec<String>> = held.iter().map(|p| p.prompts.clone()).collect();
+    let held_items = held_prompts.len();
 
     let (source, device) = cfg.reward_model_source()?;
     let device = parse_device(&device, "reward_model_device")?;
@@ -197,6 +231,12 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     crate::run::team::check_finite("the reward model", &rm.backbone)?;
     let out_dir = reward_model_dir(run_dir);
     rm.save(&out_dir)?;
+    let fresh_rank = fresh_rank(cfg, run_dir, &rm, &held_prompts)?;
+    if let Some(f) = &fresh_rank {
+        run_dir.log_metrics(&json!({"stage": "fit-rm", "rm/fresh_rank_acc": f.fresh_rank_acc,
+            "rm/fresh_rank_pairs": f.fresh_rank_pairs, "rm/fresh_rank_items": f.fresh_rank_items}))?;
+    }
+    atomic_write(&fit_report_path(run_dir), &serde_json::to_vec_pretty(&json!({"fresh_rank": fresh_rank}))?)?;
     let summary = session.finish()?;
     print!(
         "fitted the joint reward model ({source}) on {} pairs from rounds {rounds:?}: {} updates in {:.1} s",
@@ -214,8 +254,70 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
         ),
         None => println!("; no pairs held out"),
     }
+    if let Some(f) = &fresh_rank {
+        println!(
+            "rm/fresh_rank_acc {:.3}: fresh samples of {} held-out items, {} pairs with an oracle gap",
+            f.fresh_rank_acc, f.fresh_rank_items, f.fresh_rank_pairs
+        );
+    }
     println!("reward model saved in {}", out_dir.display());
-    Ok(FitReport { updates: summary.updates, num_pairs: pairs.len(), held_out })
+    Ok(FitReport { updates: summary.updates, num_pairs: pairs.len(), held_out, fresh_rank })
+}
+
+/// Step 6: `reward_fresh_samples` fresh joint responses of the current team to each held-out
+/// train item (the items whose rendered prompts are those of the held-out pairs), scored by the
+/// oracle and by the reward model; how often the model orders a prompt's samples the oracle's
+/// way. `None` when not asked for, or when no held-out pair's prompts are a train item's
+/// (rounds of another task).
+fn fresh_rank(
+    cfg: &crate::config::Config,
+    run_dir: &RunDir,
+    rm: &JointRewardModel,
+    held_prompts: &HashSet<Vec<String>>,
+) -> Result<Option<FreshRank>> {
+    let k = cfg.reward_fresh_samples as usize;
+    if k < 2 || held_prompts.is_empty() {
+        return Ok(None);
+    }
+    let team = load_team(cfg, run_dir)?;
+    let mut items = Vec::new();
+    for (_, item) in train_items(cfg)? {
+        let prompts = team.iter().map(|a| a.prompt_for(&item)).collect::<Result<Vec<_>>>()?;
+        if held_prompts.contains(&prompts) {
+            items.push(item);
+        }
+    }
+    if items.is_empty() {
+        return Ok(None);
+    }
+    check_fits(&team, &items, &cfg.max_new_tokens(), (k, "reward_fresh_samples"), "train")?;
+    let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
+    let collab = Collaboration::from_config(cfg);
+    let seed =
+        |j: usize, a: usize, s: usize| derive_seed(cfg.seed, &[purpose::REWARD_FRESH, j as u64, a as u64, s as u64]);
+    let mut groups = Vec::with_capacity(items.len());
+    for (j, item) in items.iter().enumerate() {
+        let out = rollout(&team, std::slice::from_ref(item), k, &cfg.sampling(), |_, a, s| seed(j, a, s), |_| {})?;
+        let prompts = &out.prompts[0];
+        let reward_prompts = collab.reward_prompts(item, prompts)?;
+        let (mut oracle, mut texts) = (Vec::with_capacity(k), Vec::with_capacity(k));
+        for s in 0..k {
+            let actor_outputs = out.texts(0, s);
+            let r = processor.apply(reward.score(item, &reward_prompts, &collab.role_outputs(&actor_outputs))?);
+            if !r.is_finite() {
+                bail!("fresh sample {s} of a held-out item: its reward is not finite ({r})");
+            }
+            oracle.push(r);
+            texts.push(rm.text(prompts, &actor_outputs));
+        }
+        groups.push((oracle, rm.score_texts(&texts)?));
+    }
+    let (right, total) = within_prompt_order(&groups, 1e-9);
+    Ok((total > 0).then(|| FreshRank {
+        fresh_rank_acc: right as f64 / total as f64,
+        fresh_rank_pairs: total,
+        fresh_rank_items: items.len(),
+    }))
 }
 
 /// The final hidden states of pairs' two joint texts (no graph): under a frozen backbone

@@ -22,7 +22,10 @@
 //!    `"marlhf"`: a fresh reward model fitted on it (`fit-rm`), then `train-marlhf`;
 //! 4. the team saved as `policy_checkpoints/iteration_{ν−1}`; evaluated with the task reward;
 //!    `iter/*` metrics, `iterate/round_ν.json`, the plot `iterate/eval_reward.svg`, and both
-//!    sides' reward histograms (`reward_distributions/`).
+//!    sides' reward histograms (`reward_distributions/`). Every round is evaluated on the same
+//!    eval prompts, so the summary, the metrics and stdout carry the learning so far paired by
+//!    prompt (`algo::trend`): the gain over the base team and over round 1, and the per-prompt
+//!    slope of reward over the rounds, each ± its standard error over prompts.
 //!
 //! `--resume` continues after the last finished round (`iterate/round_ν.json` marks it); a round
 //! cut short is repeated from the team the previous round left, so its pairs and agents are the
@@ -34,8 +37,9 @@ use anyhow::{bail, Context, Result};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 
+use crate::algo::trend::{paired_gain, slope_over_rounds, MeanSe};
 use crate::comparator::api::{ApiComparator, ApiFormat, ApiKey, ApiSettings, RequestSampling, RetryPolicy};
 use crate::config::{Config, DeviceSpec};
 use crate::device::parse_device;
@@ -75,9 +79,51 @@ pub struct RoundSummary {
     pub comparator_unparsed: usize,
     pub eval_reward_mean: Option<f64>,
     pub eval_reward_stderr: Option<f64>,
+    /// Each eval prompt's mean reward, in the eval file's order (absent in summaries written
+    /// before pbrl kept them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_item_means: Option<Vec<f64>>,
+    /// Learning so far, paired by prompt (from round 1 on, when every round up to this one
+    /// kept its prompts' means).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trend: Option<RoundTrend>,
     pub collect_s: f64,
     pub train_s: f64,
     pub eval_s: f64,
+}
+
+/// The paired statistics of rounds 0..=ν on the same eval prompts ([`crate::algo::trend`]).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct RoundTrend {
+    /// r(ν) − r(0): this round's team over the base team.
+    pub gain: [f64; 2],
+    /// r(ν) − r(1): what the rounds after the first added (= gain(ν) − gain(1)).
+    pub gain_after_round_1: [f64; 2],
+    /// The per-prompt least-squares slope of reward on the round, rounds 0..=ν.
+    pub slope_per_round: [f64; 2],
+}
+
+impl RoundTrend {
+    /// From `rounds[t]`, round t's per-prompt means, t = 0..=ν (ν >= 1).
+    fn of(rounds: &[Vec<f64>]) -> Option<Self> {
+        let pair = |m: MeanSe| [m.mean, m.se];
+        let last = rounds.last()?;
+        Some(Self {
+            gain: pair(paired_gain(rounds.first()?, last)),
+            gain_after_round_1: pair(paired_gain(rounds.get(1)?, last)),
+            slope_per_round: pair(slope_over_rounds(rounds)?),
+        })
+    }
+
+    fn describe(&self) -> String {
+        let f = |v: [f64; 2]| format!("{:+.4} ± {:.4}", v[0], v[1]);
+        format!(
+            "gain over the base team {}; over round 1 {}; slope {} per round (paired by prompt)",
+            f(self.gain),
+            f(self.gain_after_round_1),
+            f(self.slope_per_round)
+        )
+    }
 }
 
 fn state_dir(run_dir: &RunDir) -> PathBuf {
@@ -157,13 +203,15 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
             comparator_reward_mean: None,
             train_pairs: 0,
             comparator_unparsed: 0,
-            eval_reward_mean: eval.map(|e| e.0),
-            eval_reward_stderr: eval.map(|e| e.1),
+            eval_reward_mean: eval.as_ref().map(|e| e.mean),
+            eval_reward_stderr: eval.as_ref().map(|e| e.stderr),
+            eval_item_means: eval.as_ref().map(|e| e.item_means.clone()),
+            trend: None,
             collect_s: 0.0,
             train_s: 0.0,
-            eval_s: eval.map_or(0.0, |e| e.2),
+            eval_s: eval.as_ref().map_or(0.0, |e| e.secs),
         };
-        finish_round(cfg, run_dir, &summary)?;
+        finish_round(cfg, run_dir, summary)?;
     }
     let mut restored = !opts.resume;
     for round in 1..=cfg.num_iterations as u32 {
@@ -198,21 +246,26 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
             comparator_reward_mean: Some(stats.comparator_mean),
             train_pairs,
             comparator_unparsed: stats.comparator_unparsed,
-            eval_reward_mean: eval.map(|e| e.0),
-            eval_reward_stderr: eval.map(|e| e.1),
+            eval_reward_mean: eval.as_ref().map(|e| e.mean),
+            eval_reward_stderr: eval.as_ref().map(|e| e.stderr),
+            eval_item_means: eval.as_ref().map(|e| e.item_means.clone()),
+            trend: None,
             collect_s,
             train_s,
-            eval_s: eval.map_or(0.0, |e| e.2),
+            eval_s: eval.as_ref().map_or(0.0, |e| e.secs),
         };
-        finish_round(cfg, run_dir, &summary)?;
+        let summary = finish_round(cfg, run_dir, summary)?;
         println!(
             "round {round}: {} pairs (current won {}, comparator {}), trained on {}; eval reward {}",
             stats.pairs,
             stats.current_wins,
             stats.comparator_wins,
             train_pairs,
-            eval.map_or("not evaluated".into(), |e| format!("{:.4} ± {:.4}", e.0, e.1))
+            eval.map_or("not evaluated".into(), |e| format!("{:.4} ± {:.4}", e.mean, e.stderr))
         );
+        if let Some(trend) = summary.trend {
+            println!("round {round}: {}", trend.describe());
+        }
     }
     println!(
         "{} rounds in {:.1} s; plot: {}",
@@ -302,25 +355,36 @@ fn save_snapshot(cfg: &Config, run_dir: &RunDir, round: u32) -> Result<()> {
     Ok(())
 }
 
-/// The current team's evaluation (mean, standard error, seconds), when there are eval items.
-fn evaluate_round(cfg: &Config, run_dir: &RunDir) -> Result<Option<(f64, f64, f64)>> {
+struct RoundEval {
+    mean: f64,
+    stderr: f64,
+    item_means: Vec<f64>,
+    secs: f64,
+}
+
+/// The current team's evaluation, when there are eval items.
+fn evaluate_round(cfg: &Config, run_dir: &RunDir) -> Result<Option<RoundEval>> {
     if cfg.eval_num_samples == 0 || cfg.task.eval_file.is_none() {
         return Ok(None);
     }
     let t = std::time::Instant::now();
     let report = super::eval::run(cfg, run_dir, &Members::Current)?;
-    let stderr = eval_stderr(&report.path)?;
-    Ok(Some((report.reward_mean, stderr, t.elapsed().as_secs_f64())))
+    let secs = t.elapsed().as_secs_f64();
+    Ok(Some(RoundEval { mean: report.reward_mean, stderr: report.reward_stderr, item_means: report.item_means, secs }))
 }
 
-fn eval_stderr(report: &Path) -> Result<f64> {
-    let v: Value = serde_json::from_slice(&std::fs::read(report)?)?;
-    Ok(v["metrics"]["eval/turn_1/reward_stderr"].as_f64().unwrap_or(f64::NAN))
-}
-
-/// Write the round's summary (marking it finished), its metrics line and the plot.
-fn finish_round(cfg: &Config, run_dir: &RunDir, s: &RoundSummary) -> Result<()> {
+/// Write the round's summary (marking it finished) with its trend over the rounds before it,
+/// its metrics line and the plot.
+fn finish_round(cfg: &Config, run_dir: &RunDir, mut s: RoundSummary) -> Result<RoundSummary> {
     let dir = state_dir(run_dir);
+    let mut earlier = Vec::new();
+    for round in 0..s.round {
+        earlier.push(serde_json::from_slice::<RoundSummary>(&std::fs::read(summary_path(run_dir, round))?)?);
+    }
+    let series: Option<Vec<Vec<f64>>> = earlier.iter().chain([&s]).map(|r| r.eval_item_means.clone()).collect();
+    s.trend =
+        series.filter(|rounds| rounds.iter().all(|r| r.len() == rounds[0].len())).and_then(|r| RoundTrend::of(&r));
+    let trend = |pick: fn(&RoundTrend) -> [f64; 2]| s.trend.as_ref().map(pick);
     run_dir.log_metrics(&json!({
         "stage": "iterate", "time": chrono::Utc::now().to_rfc3339(),
         "iter/current_iteration": s.round, "iter/current_preference_pairs": s.pairs,
@@ -329,20 +393,27 @@ fn finish_round(cfg: &Config, run_dir: &RunDir, s: &RoundSummary) -> Result<()> 
         "iter/current_reward_mean": s.current_reward_mean, "iter/comparator_reward_mean": s.comparator_reward_mean,
         "iter/eval_reward_mean": s.eval_reward_mean, "iter/eval_reward_stderr": s.eval_reward_stderr,
         "iter/round_s": s.collect_s + s.train_s + s.eval_s, "iter/comparator_unparsed": s.comparator_unparsed,
+        "iter/eval_gain": trend(|t| t.gain).map(|v| v[0]), "iter/eval_gain_stderr": trend(|t| t.gain).map(|v| v[1]),
+        "iter/eval_gain_after_round_1": trend(|t| t.gain_after_round_1).map(|v| v[0]),
+        "iter/eval_gain_after_round_1_stderr": trend(|t| t.gain_after_round_1).map(|v| v[1]),
+        "iter/eval_slope": trend(|t| t.slope_per_round).map(|v| v[0]),
+        "iter/eval_slope_stderr": trend(|t| t.slope_per_round).map(|v| v[1]),
     }))?;
-    atomic_write(&summary_path(run_dir, s.round), &serde_json::to_vec_pretty(s)?)?;
-    let mut points = Vec::new();
-    for round in 0..=s.round {
-        if let Ok(bytes) = std::fs::read(summary_path(run_dir, round)) {
-            let r: RoundSummary = serde_json::from_slice(&bytes)?;
-            if let Some(m) = r.eval_reward_mean {
-                points.push((round as f64, m));
-            }
-        }
-    }
+    atomic_write(&summary_path(run_dir, s.round), &serde_json::to_vec_pretty(&s)?)?;
+    let points: Vec<(f64, f64)> =
+        earlier.iter().chain([&s]).filter_map(|r| r.eval_reward_mean.map(|m| (r.round as f64, m))).collect();
     let panel = crate::plot::Panel { title: "eval reward (mean)".into(), series: vec![("reward".into(), points)] };
-    let title = format!("pbrl iterate: {}", run_dir.root.display());
-    atomic_write(&dir.join("eval_reward.svg"), crate::plot::line_panels(&title, "round", &[panel]).as_bytes())
+    let title = match &s.trend {
+        Some(t) => format!(
+            "pbrl iterate: {} (slope {:+.3} ± {:.3} per round)",
+            run_dir.root.display(),
+            t.slope_per_round[0],
+            t.slope_per_round[1]
+        ),
+        None => format!("pbrl iterate: {}", run_dir.root.display()),
+    };
+    atomic_write(&dir.join("eval_reward.svg"), crate::plot::line_panels(&title, "round", &[panel]).as_bytes())?;
+    Ok(s)
 }
 
 fn total_pairs(cfg: &Config) -> Result<usize> {
@@ -391,7 +462,7 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
     let batch_items = cfg.collect_batch_size as usize;
     let rows = batch_items.saturating_mul(n_cur.max(n_cmp));
     let item_list: Vec<TaskItem> = items.iter().map(|(_, it)| it.clone()).collect();
-    check_fits(&team, &item_list, cfg.max_new_tokens as usize, (rows, "collect_batch_size × candidates"), "train")?;
+    check_fits(&team, &item_list, &cfg.max_new_tokens(), (rows, "collect_batch_size × candidates"), "train")?;
     let comparator = build_comparator(cfg, run_dir, round, &team)?;
     let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
     // MARLHF with preference_scoring_reward = "reward_model": the newest fitted reward model (the
@@ -440,7 +511,7 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
                         .zip(&batch_items)
                         .map(|(p, it)| {
                             let mut texts =
-                                api.complete(p, idx, &serde_json::to_value(it)?, n_cmp, request_sampling(cfg))?;
+                                api.complete(p, idx, &serde_json::to_value(it)?, n_cmp, request_sampling(cfg, idx))?;
                             texts.resize(n_cmp, String::new());
                             Ok(texts)
                         })
@@ -573,7 +644,7 @@ fn api_texts(
         let mut per_agent = Vec::with_capacity(team.len());
         for (a, prompt) in role_prompts(cfg, item, team.len())?.iter().enumerate() {
             let item_json = serde_json::to_value(item)?;
-            let mut texts = api.complete(prompt, a, &item_json, n, request_sampling(cfg))?;
+            let mut texts = api.complete(prompt, a, &item_json, n, request_sampling(cfg, a))?;
             texts.resize(n, String::new());
             per_agent.push(texts);
         }
@@ -589,9 +660,10 @@ fn role_prompts(cfg: &Config, item: &TaskItem, roles: usize) -> Result<Vec<Strin
     (0..roles).map(|a| render_template(&templates[if templates.len() == 1 { 0 } else { a }], item)).collect()
 }
 
-fn request_sampling(cfg: &Config) -> RequestSampling {
+/// What an API request for actor `actor`'s role asks for.
+fn request_sampling(cfg: &Config, actor: usize) -> RequestSampling {
     RequestSampling {
-        max_new_tokens: cfg.max_new_tokens as usize,
+        max_new_tokens: cfg.max_new_tokens()[actor],
         temperature: cfg.temperature,
         top_p: cfg.top_p,
         top_k: cfg.top_k.map(|k| k as usize),

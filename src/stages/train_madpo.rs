@@ -46,8 +46,9 @@ pub struct TrainReport {
 
 /// Refuse, before training, a pair whose re-tokenized prompt and completion do not fit an actor's
 /// context.
-fn check_pairs_fit(team: &[Agent], pairs: &[PreferencePair], max_new_tokens: usize, last: LastToken) -> Result<()> {
+fn check_pairs_fit(team: &[Agent], pairs: &[PreferencePair], max_new_tokens: &[usize], last: LastToken) -> Result<()> {
     for agent in team {
+        let max_new_tokens = max_new_tokens[agent.index];
         let context = agent.model.model.config.context_length();
         for (p, pair) in pairs.iter().enumerate() {
             for row in agent_rows(&agent.model.tokenizer, agent.index, &[pair], max_new_tokens, last)? {
@@ -83,8 +84,8 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
     }
     let team = load_team(cfg, run_dir)?;
     let last = scorer(Collaboration::from_config(cfg).is_centralized(), cfg.score_last_token);
-    let max_new = cfg.max_new_tokens as usize;
-    check_pairs_fit(&team, &pairs, max_new, last)?;
+    let max_new = cfg.max_new_tokens();
+    check_pairs_fit(&team, &pairs, &max_new, last)?;
     let dir = cfg.replay_dir();
     let files: Vec<(u32, PathBuf)> = rounds.iter().map(|&r| (r, round_path(&dir, r))).collect();
     let files: Vec<(u32, &Path)> = files.iter().map(|(r, p)| (*r, p.as_path())).collect();
@@ -95,7 +96,9 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
     // so "the agents as training starts" are the weights just loaded; read back on --resume,
     // since the session has restored later weights by now.
     let reference = if cfg.madpo_reference || cfg.madpo_log_kl {
-        let rows = |a: &Agent, batch: &[&PreferencePair]| agent_rows(&a.model.tokenizer, a.index, batch, max_new, last);
+        let rows = |a: &Agent, batch: &[&PreferencePair]| {
+            agent_rows(&a.model.tokenizer, a.index, batch, max_new[a.index], last)
+        };
         Some(reference_log_probs(cfg, run_dir, &team, &pairs, &rows, last, &session.progress.fingerprint, opts.resume)?)
     } else {
         None
@@ -106,7 +109,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
         let batch: Vec<&PreferencePair> = chunk.iter().map(|&i| &pairs[i]).collect();
         let rows = team
             .iter()
-            .map(|a| agent_rows(&a.model.tokenizer, a.index, &batch, max_new, last))
+            .map(|a| agent_rows(&a.model.tokenizer, a.index, &batch, max_new[a.index], last))
             .collect::<Result<Vec<_>>>()?;
         *step.tokens += rows.iter().flatten().map(|r| r.prompt.len() + r.completion.len()).sum::<usize>();
         // The batch's reference rows, [actor][winners then losers].

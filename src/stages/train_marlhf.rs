@@ -39,7 +39,7 @@ use crate::reward_model::JointRewardModel;
 use crate::rng::{derive_seed, purpose};
 use crate::run::fingerprint::{file_digest, source_digest};
 use crate::run::RunDir;
-use crate::stages::fit_rm::reward_model_dir;
+use crate::stages::fit_rm::{fit_report_path, reward_model_dir, FRESH_RANK_WARN};
 use crate::task::split::train_items;
 use crate::task::TaskItem;
 use crate::team::rollout::{rollout, Rollout};
@@ -74,6 +74,22 @@ pub(super) struct Setup {
     pub reference: Option<Vec<Agent>>,
 }
 
+/// Warn (not refuse) when `fit-rm` measured that the reward model orders fresh samples of one
+/// prompt little better than chance: group advantages then follow noise.
+fn warn_on_fresh_rank(run_dir: &RunDir) {
+    let report = std::fs::read(fit_report_path(run_dir)).ok();
+    let fresh = report.and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    let acc = fresh.as_ref().and_then(|v| v["fresh_rank"]["fresh_rank_acc"].as_f64());
+    if let Some(acc) = acc.filter(|&a| a < FRESH_RANK_WARN) {
+        tracing::warn!("rm/fresh_rank_acc {acc:.3} < {FRESH_RANK_WARN}");
+        eprintln!(
+            "warning: the reward model orders fresh samples of one prompt the task reward's way only {:.0}% of the \
+             time (rm/fresh_rank_acc {acc:.3} < {FRESH_RANK_WARN}); MARLHF's advantages will be mostly noise",
+            acc * 100.0
+        );
+    }
+}
+
 impl Setup {
     /// Load everything; `items_per_buffer` items are sampled at once (`num_generations` each).
     fn load(cfg: &Config, run_dir: &RunDir, items_per_buffer: usize, buffer_keys: &str) -> Result<Self> {
@@ -86,13 +102,14 @@ impl Setup {
         if rm.num_agents != cfg.num_agents as usize {
             bail!("{} scores teams of {} agents, this config has {}", rm_dir.display(), rm.num_agents, cfg.num_agents);
         }
+        warn_on_fresh_rank(run_dir);
         let (indices, items): (Vec<usize>, Vec<TaskItem>) = train_items(cfg)?.into_iter().unzip();
         if items.is_empty() {
             bail!("no train items to learn from");
         }
         let team = load_team(cfg, run_dir)?;
         let rows = items_per_buffer * cfg.num_generations as usize;
-        check_fits(&team, &items, cfg.max_new_tokens as usize, (rows, buffer_keys), "train")?;
+        check_fits(&team, &items, &cfg.max_new_tokens(), (rows, buffer_keys), "train")?;
         let reference = if cfg.reference_kl_enabled { Some(reference_team(cfg, &team)?) } else { None };
         let head = rm_dir.join("reward_head.safetensors");
         let rm_digest =

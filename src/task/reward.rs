@@ -214,6 +214,10 @@ impl TaskReward for NumericAnswer {
 /// Coverage of keywords (or regular expressions) by the joint response: the fraction of them
 /// found, case-insensitively, in the agents' texts together. Keywords come from the config
 /// (`keywords = [...]`) and/or the item's `keywords_field` (a list of strings).
+///
+/// `whole_words` matches a keyword only as a whole word ("rain" not in "brain"); `max_words`
+/// (one entry per role, 0 for no limit) searches only a role's first N words, so a title cannot
+/// collect keywords by growing.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Keywords {
@@ -224,6 +228,10 @@ pub struct Keywords {
     /// Treat keywords as regular expressions.
     #[serde(default)]
     pub regex: bool,
+    #[serde(default)]
+    pub whole_words: bool,
+    #[serde(default)]
+    pub max_words: Vec<u32>,
 }
 fn keywords_field() -> String {
     "keywords".into()
@@ -237,6 +245,7 @@ pub struct KeywordReward {
 impl Keywords {
     fn pattern(&self, k: &str) -> Result<regex::Regex> {
         let p = if self.regex { k.to_string() } else { regex::escape(k) };
+        let p = if self.whole_words { format!(r"\b(?:{p})\b") } else { p };
         regex::RegexBuilder::new(&p)
             .case_insensitive(true)
             .build()
@@ -266,9 +275,38 @@ impl TaskReward for KeywordReward {
         if patterns.is_empty() {
             bail!("keywords: no keywords (set reward.keywords or give items a `{}` list)", self.spec.keywords_field);
         }
-        let text = completions.join("\n");
+        if !self.spec.max_words.is_empty() && self.spec.max_words.len() != completions.len() {
+            bail!(
+                "reward.max_words has {} entries but the joint response has {} roles; give one per role (0: no limit)",
+                self.spec.max_words.len(),
+                completions.len()
+            );
+        }
+        let searched = completions.iter().enumerate().map(|(a, c)| match self.spec.max_words.get(a) {
+            Some(&n) if n > 0 => first_words(c, n as usize),
+            _ => c.as_str(),
+        });
+        let text = searched.collect::<Vec<_>>().join("\n");
         Ok(patterns.iter().filter(|p| p.is_match(&text)).count() as f64 / patterns.len() as f64)
     }
+}
+
+/// The text up to the end of its `n`th whitespace-separated word.
+fn first_words(text: &str, n: usize) -> &str {
+    let mut words = 0;
+    let mut in_word = false;
+    for (i, c) in text.char_indices() {
+        if c.is_whitespace() {
+            if in_word && words == n {
+                return &text[..i];
+            }
+            in_word = false;
+        } else if !in_word {
+            in_word = true;
+            words += 1;
+        }
+    }
+    text
 }
 
 #[cfg(test)]
@@ -329,12 +367,43 @@ mod tests {
 
     #[test]
     fn keyword_coverage_from_config_and_item() {
-        let spec = Keywords { keywords: vec!["dragon".into()], keywords_field: "keywords".into(), regex: false };
+        let spec = Keywords { keywords: vec!["dragon".into()], keywords_field: "keywords".into(), ..keyword_spec() };
         let mut r = spec.compile().unwrap();
         let it = item(serde_json::json!({"keywords": ["castle", "a.b"]}));
         let c = vec!["The DRAGON slept.".to_string(), "Near the castle".to_string()];
         assert!((r.score(&it, &[], &c).unwrap() - 2.0 / 3.0).abs() < 1e-12, "a.b is literal, not a pattern");
-        let spec = Keywords { keywords: vec![r"\bsle\w+".into()], keywords_field: "k".into(), regex: true };
+        let spec =
+            Keywords { keywords: vec![r"\bsle\w+".into()], keywords_field: "k".into(), regex: true, ..keyword_spec() };
         assert_eq!(spec.compile().unwrap().score(&it, &[], &c).unwrap(), 1.0);
+    }
+
+    #[test]
+    fn keywords_as_whole_words_within_each_roles_word_limit() {
+        let none = item(serde_json::json!({}));
+        let c = |a: &str, b: &str| vec![a.to_string(), b.to_string()];
+        let substring = Keywords { keywords: vec!["rain".into()], ..keyword_spec() };
+        assert_eq!(substring.compile().unwrap().score(&none, &[], &c("", "A brain.")).unwrap(), 1.0);
+        let words = Keywords { keywords: vec!["rain".into(), "sea".into()], whole_words: true, ..keyword_spec() };
+        let mut r = words.clone().compile().unwrap();
+        assert_eq!(r.score(&none, &[], &c("", "A brain by the seas.")).unwrap(), 0.0);
+        assert_eq!(r.score(&none, &[], &c("Rain!", "By the sea.")).unwrap(), 1.0);
+        // The title's first 3 words only: "sea" as its 4th word does not count.
+        let mut r = Keywords { max_words: vec![3, 0], ..words }.compile().unwrap();
+        assert_eq!(r.score(&none, &[], &c("  Rain over the sea", "Nothing.")).unwrap(), 0.5);
+        assert_eq!(r.score(&none, &[], &c("Rain\nsea", "")).unwrap(), 1.0);
+        let err = r.score(&none, &[], &["a".to_string()]).unwrap_err().to_string();
+        assert!(err.contains("reward.max_words has 2 entries but the joint response has 1 roles"), "{err}");
+        assert_eq!(first_words(" a  b c", 2), " a  b");
+        assert_eq!(first_words("a b", 5), "a b");
+    }
+
+    fn keyword_spec() -> Keywords {
+        Keywords {
+            keywords: vec![],
+            keywords_field: "none".into(),
+            regex: false,
+            whole_words: false,
+            max_words: vec![],
+        }
     }
 }

@@ -73,18 +73,19 @@ impl Agent {
     }
 }
 
-/// Refuse, before any work, a task the models cannot hold: an item whose prompt plus
-/// `max_new_tokens` does not fit an actor's context (transformers would index past its position
+/// Refuse, before any work, a task the models cannot hold: an item whose prompt plus the actor's
+/// `max_new_tokens[a]` does not fit an actor's context (transformers would index past its position
 /// table; pbrl would fail mid-run), or a sampling batch of `rows` requests (`rows_keys` names
 /// the keys that set it) whose KV cache would not fit in the memory available on the CPU.
 pub fn check_fits(
     team: &[Agent],
     items: &[TaskItem],
-    max_new_tokens: usize,
+    max_new_tokens: &[usize],
     rows: (usize, &str),
     split: &str,
 ) -> Result<()> {
     for agent in team {
+        let max_new_tokens = max_new_tokens[agent.index];
         let config = &agent.model.model.config;
         let context = config.context_length();
         let mut longest = 0;

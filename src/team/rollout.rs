@@ -42,12 +42,13 @@ impl Rollout {
 }
 
 /// Every actor answers each item `n` times; request (item `j`, actor `a`, response `k`) is
-/// sampled with the stream `seed(j, a, k)`. `on_tokens` hears of every decoding step's tokens.
+/// sampled with the stream `seed(j, a, k)` and actor `a`'s settings `params[a]`. `on_tokens`
+/// hears of every decoding step's tokens.
 pub fn rollout(
     team: &[Agent],
     items: &[TaskItem],
     n: usize,
-    params: &SamplingParams,
+    params: &[SamplingParams],
     seed: impl Fn(usize, usize, usize) -> u64,
     on_tokens: impl FnMut(usize),
 ) -> Result<Rollout> {
@@ -63,7 +64,7 @@ pub fn rollout_prompts(
     team: &[Agent],
     texts: &[Vec<String>],
     n: usize,
-    params: &SamplingParams,
+    params: &[SamplingParams],
     seed: impl Fn(usize, usize, usize) -> u64,
     mut on_tokens: impl FnMut(usize),
 ) -> Result<Rollout> {
@@ -82,7 +83,8 @@ pub fn rollout_prompts(
             }
             prompt_ids[j].push(ids);
         }
-        let out = sample(&agent.model.model, &requests, params, &tok.stop_ids, tok.pad_id, &mut on_tokens)?;
+        let out =
+            sample(&agent.model.model, &requests, &params[agent.index], &tok.stop_ids, tok.pad_id, &mut on_tokens)?;
         for (r, ids) in out.into_iter().enumerate() {
             let finished = ids.last().is_some_and(|t| tok.stop_ids.contains(t));
             let text = tok.decode(&ids)?;

@@ -250,7 +250,7 @@ impl<'a> Session<'a> {
         let eval = match team {
             Some(team) if cfg.eval_interval > 0 => match periodic_eval_items(cfg)? {
                 Some(items) => {
-                    check_fits(team, &items, cfg.max_new_tokens as usize, cfg.eval_rows(), "eval")?;
+                    check_fits(team, &items, &cfg.max_new_tokens(), cfg.eval_rows(), "eval")?;
                     let (reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
                     Some(PeriodicEval {
                         items,
