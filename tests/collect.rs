@@ -5,8 +5,8 @@ use common::{ok, pbrl};
 
 use std::path::Path;
 
-use candle_core::DType;
-use pbrl::model::{tiny::tiny_model, Architecture};
+use candle_core::{DType, Device};
+use pbrl::model::{tiny::tiny_model, Architecture, LoadedModel};
 use pbrl::prefs::RoundFile;
 
 /// A run setup on a tiny random model: 4 items, 4 candidates, sampled at temperature 1.
@@ -23,6 +23,27 @@ fn setup(d: &Path, extra: &str) -> String {
     );
     std::fs::write(d.join("c.toml"), cfg).unwrap();
     "c.toml".into()
+}
+
+/// `max_new_tokens` as a list: each actor samples up to its own limit.
+#[test]
+fn each_actor_samples_up_to_its_own_max_new_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = setup(d, "");
+    ok(pbrl(&["collect", "--config", &cfg, "max_new_tokens=[2, 6]"], d));
+    let model = LoadedModel::load(d.join("tiny").to_str().unwrap(), &Device::Cpu).unwrap();
+    let round = RoundFile::load(&d.join("run/preference_replay/iteration_0001.json")).unwrap();
+    let longest = |a: usize| {
+        let texts = round.pairs.iter().flat_map(|p| [&p.winner_completions[a], &p.loser_completions[a]]);
+        texts.map(|c| model.tokenizer.encode(c).unwrap().len()).max().unwrap()
+    };
+    assert!(longest(0) <= 2 && longest(1) > 2, "longest answers: agent 0 {}, agent 1 {}", longest(0), longest(1));
+    let o = pbrl(&["collect", "--config", &cfg, "--run-dir", "r2", "max_new_tokens=[2, 6, 6]"], d);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("max_new_tokens has 3 entries but there are 2 actors"),
+        "{o:?}"
+    );
 }
 
 #[test]

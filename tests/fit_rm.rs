@@ -52,6 +52,17 @@ fn fit_rm_orders_its_pairs_and_saves_a_loadable_reward_model() {
     let o = ok(pbrl(&["fit-rm", "--config", "c.toml"], d));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("held-out pairs") && out.contains("reward model saved"), "{out}");
+    // The order RL reads: fresh samples (4 each) of the 2 held-out items, ranked against the oracle.
+    assert!(out.contains("rm/fresh_rank_acc") && out.contains("of 2 held-out items"), "{out}");
+    let acc = common::metric_values(&run, "rm/fresh_rank_acc");
+    let pairs = common::metric_values(&run, "rm/fresh_rank_pairs");
+    assert!(
+        acc.len() == 1 && (0.0..=1.0).contains(&acc[0]) && pairs[0] >= 1.0 && pairs[0] <= 12.0,
+        "{acc:?} {pairs:?}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("reward_model/fit_report.json")).unwrap()).unwrap();
+    assert_eq!(report["fresh_rank"]["fresh_rank_acc"].as_f64(), Some(acc[0]));
     let l = common::metric_values(&run, "rm/loss");
     eprintln!("Bradley–Terry losses per update: {l:?}");
     assert!(l.len() >= 12, "6 epochs of >= 2 batches: {l:?}");

@@ -73,6 +73,23 @@ fn three_rounds_against_the_current_team_then_an_exact_resume() {
     }
     let evals = common::metric_values(&d.join("run"), "iter/eval_reward_mean");
     assert_eq!(evals.len(), 4, "rounds 0-3");
+    // Learning so far, paired by prompt: from round 1 on, on stdout, in the metrics and summaries.
+    let summary = |r: u32| -> serde_json::Value {
+        serde_json::from_slice(&bytes(d, &format!("run/iterate/round_{r:04}.json"))).unwrap()
+    };
+    let means = |r: u32| -> Vec<f64> {
+        summary(r)["eval_item_means"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect()
+    };
+    let (base, last) = (means(0), means(3));
+    assert_eq!(base.len(), 4, "one mean per eval prompt");
+    let gain = base.iter().zip(&last).map(|(b, a)| a - b).sum::<f64>() / 4.0;
+    assert!((summary(3)["trend"]["gain"][0].as_f64().unwrap() - gain).abs() < 1e-9);
+    assert!((evals[3] - evals[0] - gain).abs() < 1e-9, "the paired gain is the change of the mean");
+    assert!(summary(0).get("trend").is_none());
+    assert_eq!(common::metric_values(&d.join("run"), "iter/eval_slope").len(), 3, "rounds 1-3");
+    for r in 1..=3 {
+        assert!(stdout(&o).contains(&format!("round {r}: gain over the base team")), "{}", stdout(&o));
+    }
     assert_eq!(common::metric_values(&d.join("run"), "iter/current_preference_pairs").len(), 4);
     assert_ne!(bytes(d, "run/agents/agent_0/model.safetensors"), bytes(d, "tiny/model.safetensors"));
 

@@ -47,8 +47,12 @@ fn marlhf_raises_the_reward_models_score_and_saves_the_agents() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     setup(d, "num_train_epochs = 12");
+    // fit-rm measured whether its model ranks fresh samples (none held out here: not measured).
+    let report = d.join("run/reward_model/fit_report.json");
+    assert_eq!(std::fs::read_to_string(&report).unwrap().replace(char::is_whitespace, ""), r#"{"fresh_rank":null}"#);
     let o = ok(pbrl(&["train-marlhf", "--config", "c.toml"], d));
     assert!(String::from_utf8_lossy(&o.stdout).contains("agents saved"), "{}", String::from_utf8_lossy(&o.stdout));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("rm/fresh_rank_acc"));
     let run = d.join("run");
     let r = common::metric_values(&run, "turn_1/reward_mean");
     eprintln!("reward-model score of the rollouts per update: {r:?}");
@@ -107,6 +111,20 @@ fn train_marlhf_refuses_what_it_cannot_do() {
     let o = pbrl(&["train-marlhf", "--config", "c.toml", "--run-dir", "empty"], d);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("run `pbrl fit-rm` first"));
+}
+
+/// A reward model that `fit-rm` measured ranking fresh samples near chance: train-marlhf warns
+/// and trains all the same.
+#[test]
+fn train_marlhf_warns_on_a_reward_model_that_ranks_fresh_samples_at_chance() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_train_epochs = 1");
+    let report = r#"{"fresh_rank": {"fresh_rank_acc": 0.45, "fresh_rank_pairs": 20, "fresh_rank_items": 2}}"#;
+    std::fs::write(d.join("run/reward_model/fit_report.json"), report).unwrap();
+    let o = ok(pbrl(&["train-marlhf", "--config", "c.toml"], d));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("warning:") && err.contains("rm/fresh_rank_acc 0.450 < 0.6"), "{err}");
 }
 
 /// Each actor-critic variant with a state-value critic learns to please the reward model (per epoch: 3 buffers of one
