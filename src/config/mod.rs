@@ -17,6 +17,8 @@ mod rules;
 mod tests;
 
 pub use overrides::{closest, Override};
+
+use crate::train::optim::LrSchedule;
 use overrides::{describe_de_error, line_of, reject_non_finite};
 
 /// A user mistake in the configuration. Printed as one line; exit code 2.
@@ -253,6 +255,10 @@ pub struct Config {
     pub eval_split: EvalSplit,
     /// Save the agents of the best periodic evaluation instead of the last ones.
     pub keep_best: bool,
+    /// The learning rate over a training's updates: "constant" (the reference's) or "linear"
+    /// (decaying to 1/U of it at the last of U updates), for every training stage.
+    #[serde(skip_serializing_if = "LrSchedule::is_constant")]
+    pub lr_scheduler_type: LrSchedule,
     /// Share of the selected pairs `fit-rm` holds out to report the reward model's accuracy
     /// on pairs it was not fitted on (0: none).
     pub reward_eval_fraction: f64,
@@ -420,6 +426,7 @@ impl Default for Config {
             madpo_log_kl: false,
             eval_split: EvalSplit::EvalFile,
             keep_best: false,
+            lr_scheduler_type: LrSchedule::Constant,
             reward_eval_fraction: 0.1,
             reward_fresh_samples: 4,
             num_train_epochs: 20,

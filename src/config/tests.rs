@@ -68,6 +68,7 @@ fn each_rule_reports_its_message() {
         ("advantage_mode = \"median\"", "advantage_mode must be one of: mean, raw, max, rloo."),
         ("max_new_tokens = 0", "max_new_tokens must be >= 1."),
         ("max_new_tokens = [64, 0]", "max_new_tokens must be >= 1."),
+        ("lr_scheduler_type = \"cosine\"", "unknown variant `cosine`, expected `constant` or `linear`"),
         ("max_new_tokens = [64]", "max_new_tokens has 1 entries but there are 2 actors"),
         (
             "max_new_tokens = \"long\"",

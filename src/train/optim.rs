@@ -28,6 +28,32 @@ impl AdamWConfig {
     }
 }
 
+/// How the learning rate moves over a training's updates (transformers' `lr_scheduler_type`,
+/// without warmup): `constant` (the reference's), or `linear`, from the full rate at the first
+/// update down to 1/U of it at the last of U, so the late updates of an epoch move the policy
+/// less than the early ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LrSchedule {
+    #[default]
+    Constant,
+    Linear,
+}
+
+impl LrSchedule {
+    /// The factor on the learning rate of update `done + 1` of `total`.
+    pub fn factor(self, done: u64, total: u64) -> f64 {
+        match self {
+            LrSchedule::Constant => 1.0,
+            LrSchedule::Linear => total.saturating_sub(done) as f64 / total.max(1) as f64,
+        }
+    }
+
+    pub fn is_constant(&self) -> bool {
+        *self == LrSchedule::Constant
+    }
+}
+
 /// First and second moments of one parameter.
 enum Moments {
     /// Host vectors updated by the fused CPU kernel; empty until the parameter's first update,
@@ -260,6 +286,14 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     /// The fused CPU kernel equals the tensor-op formula of torch.optim.AdamW, step after step.
+    #[test]
+    fn a_linear_schedule_falls_from_the_full_rate_to_one_update_worth() {
+        let f: Vec<f64> = (0..4).map(|u| LrSchedule::Linear.factor(u, 4)).collect();
+        assert_eq!(f, vec![1.0, 0.75, 0.5, 0.25]);
+        assert_eq!(LrSchedule::Constant.factor(3, 4), 1.0);
+        assert_eq!(LrSchedule::Linear.factor(9, 4), 0.0, "never negative");
+    }
+
     #[test]
     fn fused_update_matches_reference_formula() {
         let dev = Device::Cpu;

@@ -132,6 +132,8 @@ pub struct Session<'a> {
     state_dir: PathBuf,
     shuffle: bool,
     optims: Vec<AdamW>,
+    /// Each optimizer's configured learning rate, before `lr_scheduler_type`.
+    learning_rates: Vec<f64>,
     pub progress: Progress,
     rng: ChaCha8Rng,
     eval: Option<PeriodicEval>,
@@ -274,6 +276,7 @@ impl<'a> Session<'a> {
             state_dir,
             shuffle: plan.shuffle.is_some(),
             optims,
+            learning_rates: plan.learning_rates,
             progress,
             rng,
             eval,
@@ -311,6 +314,13 @@ impl<'a> Session<'a> {
             for chunk in order.chunks(batch_size) {
                 self.maybe_evaluate()?;
                 let mut metrics = json!({"stage": self.stage, "epoch": epoch + 1, "update": self.progress.updates + 1});
+                let factor = cfg.lr_scheduler_type.factor(self.progress.updates, epochs * batches);
+                for (optim, lr) in self.optims.iter_mut().zip(&self.learning_rates) {
+                    optim.config.lr = lr * factor;
+                }
+                if !cfg.lr_scheduler_type.is_constant() {
+                    metrics["lr_factor"] = json!(factor);
+                }
                 let progress = &mut self.progress;
                 let update_started = std::time::Instant::now();
                 let mut ctx = Step {
