@@ -7,6 +7,8 @@
 //! - the trend: each prompt's least-squares slope of r_i(t) on t over the rounds, averaged over
 //!   prompts, with its standard error over prompts.
 
+use serde::{Deserialize, Serialize};
+
 /// A mean over prompts and its standard error (sample sd / √n; 0 with fewer than 2 prompts).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MeanSe {
@@ -63,6 +65,40 @@ pub fn slope_over_rounds(rounds: &[Vec<f64>]) -> Option<MeanSe> {
         })
         .collect();
     Some(MeanSe::of(&slopes))
+}
+
+/// The paired statistics of rounds 0..=ν on the same eval prompts.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct RoundTrend {
+    /// r(ν) − r(0): this round's team over the base team.
+    pub gain: [f64; 2],
+    /// r(ν) − r(1): what the rounds after the first added (= gain(ν) − gain(1)).
+    pub gain_after_round_1: [f64; 2],
+    /// The per-prompt least-squares slope of reward on the round, rounds 0..=ν.
+    pub slope_per_round: [f64; 2],
+}
+
+impl RoundTrend {
+    /// From `rounds[t]`, round t's per-prompt means, t = 0..=ν (ν >= 1).
+    pub fn of(rounds: &[Vec<f64>]) -> Option<Self> {
+        let pair = |m: MeanSe| [m.mean, m.se];
+        let last = rounds.last()?;
+        Some(Self {
+            gain: pair(paired_gain(rounds.first()?, last)),
+            gain_after_round_1: pair(paired_gain(rounds.get(1)?, last)),
+            slope_per_round: pair(slope_over_rounds(rounds)?),
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        let f = |v: [f64; 2]| format!("{:+.4} ± {:.4}", v[0], v[1]);
+        format!(
+            "gain over the base team {}; over round 1 {}; slope {} per round (paired by prompt)",
+            f(self.gain),
+            f(self.gain_after_round_1),
+            f(self.slope_per_round)
+        )
+    }
 }
 
 #[cfg(test)]

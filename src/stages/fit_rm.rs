@@ -73,6 +73,12 @@ pub struct FreshRank {
 /// Below this `rm/fresh_rank_acc`, `train-marlhf` warns that its advantages are mostly noise.
 pub const FRESH_RANK_WARN: f64 = 0.6;
 
+/// `reward_model/fit_report.json`: what the fit measured that a later stage reads.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FitReportFile {
+    pub fresh_rank: Option<FreshRank>,
+}
+
 /// The fit's report beside the saved model.
 pub fn fit_report_path(run_dir: &RunDir) -> std::path::PathBuf {
     reward_model_dir(run_dir).join("fit_report.json")
@@ -236,7 +242,7 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
         run_dir.log_metrics(&json!({"stage": "fit-rm", "rm/fresh_rank_acc": f.fresh_rank_acc,
             "rm/fresh_rank_pairs": f.fresh_rank_pairs, "rm/fresh_rank_items": f.fresh_rank_items}))?;
     }
-    atomic_write(&fit_report_path(run_dir), &serde_json::to_vec_pretty(&json!({"fresh_rank": fresh_rank}))?)?;
+    atomic_write(&fit_report_path(run_dir), &serde_json::to_vec_pretty(&FitReportFile { fresh_rank })?)?;
     let summary = session.finish()?;
     print!(
         "fitted the joint reward model ({source}) on {} pairs from rounds {rounds:?}: {} updates in {:.1} s",

@@ -39,7 +39,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::algo::trend::{paired_gain, slope_over_rounds, MeanSe};
+use crate::algo::trend::RoundTrend;
 use crate::comparator::api::{ApiComparator, ApiFormat, ApiKey, ApiSettings, RequestSampling, RetryPolicy};
 use crate::config::{Config, DeviceSpec};
 use crate::device::parse_device;
@@ -90,40 +90,6 @@ pub struct RoundSummary {
     pub collect_s: f64,
     pub train_s: f64,
     pub eval_s: f64,
-}
-
-/// The paired statistics of rounds 0..=ν on the same eval prompts ([`crate::algo::trend`]).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-pub struct RoundTrend {
-    /// r(ν) − r(0): this round's team over the base team.
-    pub gain: [f64; 2],
-    /// r(ν) − r(1): what the rounds after the first added (= gain(ν) − gain(1)).
-    pub gain_after_round_1: [f64; 2],
-    /// The per-prompt least-squares slope of reward on the round, rounds 0..=ν.
-    pub slope_per_round: [f64; 2],
-}
-
-impl RoundTrend {
-    /// From `rounds[t]`, round t's per-prompt means, t = 0..=ν (ν >= 1).
-    fn of(rounds: &[Vec<f64>]) -> Option<Self> {
-        let pair = |m: MeanSe| [m.mean, m.se];
-        let last = rounds.last()?;
-        Some(Self {
-            gain: pair(paired_gain(rounds.first()?, last)),
-            gain_after_round_1: pair(paired_gain(rounds.get(1)?, last)),
-            slope_per_round: pair(slope_over_rounds(rounds)?),
-        })
-    }
-
-    fn describe(&self) -> String {
-        let f = |v: [f64; 2]| format!("{:+.4} ± {:.4}", v[0], v[1]);
-        format!(
-            "gain over the base team {}; over round 1 {}; slope {} per round (paired by prompt)",
-            f(self.gain),
-            f(self.gain_after_round_1),
-            f(self.slope_per_round)
-        )
-    }
 }
 
 fn state_dir(run_dir: &RunDir) -> PathBuf {

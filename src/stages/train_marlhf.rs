@@ -39,7 +39,7 @@ use crate::reward_model::JointRewardModel;
 use crate::rng::{derive_seed, purpose};
 use crate::run::fingerprint::{file_digest, source_digest};
 use crate::run::RunDir;
-use crate::stages::fit_rm::{fit_report_path, reward_model_dir, FRESH_RANK_WARN};
+use crate::stages::fit_rm::{fit_report_path, reward_model_dir, FitReportFile, FRESH_RANK_WARN};
 use crate::task::split::train_items;
 use crate::task::TaskItem;
 use crate::team::rollout::{rollout, Rollout};
@@ -78,8 +78,8 @@ pub(super) struct Setup {
 /// prompt little better than chance: group advantages then follow noise.
 fn warn_on_fresh_rank(run_dir: &RunDir) {
     let report = std::fs::read(fit_report_path(run_dir)).ok();
-    let fresh = report.and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
-    let acc = fresh.as_ref().and_then(|v| v["fresh_rank"]["fresh_rank_acc"].as_f64());
+    let report = report.and_then(|b| serde_json::from_slice::<FitReportFile>(&b).ok());
+    let acc = report.and_then(|r| r.fresh_rank).map(|f| f.fresh_rank_acc);
     if let Some(acc) = acc.filter(|&a| a < FRESH_RANK_WARN) {
         tracing::warn!("rm/fresh_rank_acc {acc:.3} < {FRESH_RANK_WARN}");
         eprintln!(
