@@ -1,11 +1,20 @@
-//! The joint reward model (reference §7.2): a causal-LM backbone with a scalar head on the final
-//! hidden state (after the final norm) of the last real token of the joint text of all agents'
-//! prompts and responses.
+//! The joint reward model (reference §7.2): a causal-LM backbone reading the joint text of all
+//! agents' prompts and responses, and a head that scores its final hidden states (after the
+//! final norm), one of two (`reward_head`):
+//! - `last_token` (the reference's): a linear score of the last real token's hidden state;
+//! - `pooled_mlp`: per agent, its response tokens' hidden states mean-pooled and log(1 + its
+//!   token count), all agents' concatenated into `Linear → Tanh → Linear`. A linear score of
+//!   one position is monotone in any feature it reads, and RoPE states carry a position weakly,
+//!   so the last-token head cannot express a reward such as "the second answer 2-3x as long as
+//!   the first"; per-agent features and a hidden layer can.
 //!
 //! Saved as `<dir>/backbone/` (a Hugging Face directory transformers loads as it is),
-//! `<dir>/reward_head.safetensors` (`reward_head.weight` (1, hidden), `reward_head.bias` (1,)) and
-//! `<dir>/reward_model.json` (how to build and tokenize the joint text), written into a temporary
-//! sibling and swapped into place, so a reward model directory is whole or absent.
+//! `<dir>/reward_head.safetensors` (last token: `reward_head.weight` (1, hidden),
+//! `reward_head.bias` (1,); pooled: `reward_head.pre_projection.0.*`,
+//! `reward_head.value_projection.*`) and `<dir>/reward_model.json` (how to build and tokenize
+//! the joint text, and which head), written into a temporary sibling and swapped into place, so
+//! a reward model directory is whole or absent.
+use std::ops::Range;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -14,13 +23,51 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::algo::bradley_terry::joint_text;
-use crate::model::heads::{last_token_hidden, pair_last_token_hidden, ScalarHead};
+use crate::algo::bradley_terry::{joint_text, joint_text_with_responses};
+use crate::model::batch::{PaddedBatch, Padding};
+use crate::model::heads::{last_token_hidden, pair_last_token_hidden, ScalarHead, ValueHead};
 use crate::model::{LoadedModel, Mode};
 
 /// The head's prefix in the backbone's `VarMap` (and in `reward_head.safetensors`).
 pub const HEAD: &str = "reward_head";
 const FORMAT: &str = "pbrl-joint-reward-model";
+/// `reward_model.json`'s `pooling` of each head.
+pub const LAST_TOKEN: &str = "last_non_padding_token";
+pub const POOLED: &str = "agent_response_mean_and_log_tokens";
+
+/// Which head scores a joint text (`reward_head`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RewardHeadKind {
+    /// The reference's: a linear score of the last token's final hidden state.
+    #[default]
+    LastToken,
+    /// Per agent, the mean of its response tokens' final hidden states and log(1 + its token
+    /// count), all agents' into `Linear(A·(hidden + 1), d) → Tanh → Linear(d, 1)`.
+    PooledMlp,
+}
+
+impl RewardHeadKind {
+    pub fn is_last_token(&self) -> bool {
+        *self == RewardHeadKind::LastToken
+    }
+}
+
+enum Head {
+    LastToken(ScalarHead),
+    PooledMlp(ValueHead),
+}
+
+/// One joint response as the reward model reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JointRow {
+    /// The joint text's tokens (cut to `max_length`).
+    pub ids: Vec<u32>,
+    /// Each agent's response as a range of `ids` (cut with them).
+    pub responses: Vec<Range<usize>>,
+    /// Each agent's response tokens before the cut.
+    pub response_tokens: Vec<usize>,
+}
 
 /// `reward_model.json`: what a reader needs to score joint responses as pbrl does.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,9 +83,13 @@ pub struct RewardModelInfo {
     pub joint_text: JointTextFormat,
     /// Tokenized with the tokenizer's own special tokens (transformers' default).
     pub add_special_tokens: bool,
-    /// The score: `reward_head` applied to the final hidden state (after the final norm) at the
-    /// last non-padding token.
+    /// What the head reads: [`LAST_TOKEN`] (the final hidden state, after the final norm, at the
+    /// last non-padding token) or [`POOLED`] (per agent, its response tokens' final hidden
+    /// states mean-pooled, then per agent log(1 + its response's token count)).
     pub pooling: String,
+    /// The pooled head's hidden layer width (absent for the last-token head).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlp_hidden: Option<usize>,
     /// Where the backbone came from when the model was fitted.
     pub backbone_source: String,
 }
@@ -65,25 +116,41 @@ impl JointTextFormat {
 pub struct JointRewardModel {
     /// The backbone; its `VarMap` also holds the head's weights (under [`HEAD`]).
     pub backbone: LoadedModel,
-    head: ScalarHead,
+    head: Head,
     pub num_agents: usize,
     pub max_length: usize,
     pub device: Device,
 }
 
 impl JointRewardModel {
-    /// A fresh reward model on `backbone` (the head drawn from `seed` with PyTorch's default
-    /// init); `max_length` defaults to the backbone's context.
-    pub fn fresh(backbone: LoadedModel, num_agents: usize, max_length: Option<usize>, seed: u64) -> Result<Self> {
+    /// A fresh reward model on `backbone` with a `kind` head drawn from `seed` (last token:
+    /// PyTorch's default `nn.Linear` init; pooled: N(0, 0.02) weights, zero biases, a hidden
+    /// layer `mlp_hidden` wide); `max_length` defaults to the backbone's context.
+    pub fn fresh(
+        backbone: LoadedModel,
+        num_agents: usize,
+        max_length: Option<usize>,
+        kind: RewardHeadKind,
+        mlp_hidden: usize,
+        seed: u64,
+    ) -> Result<Self> {
         let device = backbone.model.device().clone();
         let hidden = backbone.model.config.hidden_size;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let head = ScalarHead::init(&backbone.varmap, HEAD, hidden, &mut rng, &device)?;
+        let head = match kind {
+            RewardHeadKind::LastToken => {
+                Head::LastToken(ScalarHead::init(&backbone.varmap, HEAD, hidden, &mut rng, &device)?)
+            }
+            RewardHeadKind::PooledMlp => {
+                let input = pooled_width(num_agents, hidden);
+                Head::PooledMlp(ValueHead::init(&backbone.varmap, HEAD, input, Some(mlp_hidden), &mut rng, &device)?)
+            }
+        };
         let max_length = max_length.unwrap_or_else(|| backbone.model.config.context_length());
         Ok(Self { backbone, head, num_agents, max_length, device })
     }
 
-    /// A reward model from given head weights (the golden tests use the reference's).
+    /// A last-token reward model from given head weights (the golden tests use the reference's).
     pub fn with_head(
         backbone: LoadedModel,
         num_agents: usize,
@@ -92,7 +159,7 @@ impl JointRewardModel {
         b: Tensor,
     ) -> Result<Self> {
         let device = backbone.model.device().clone();
-        let head = ScalarHead::insert(&backbone.varmap, HEAD, w, b)?;
+        let head = Head::LastToken(ScalarHead::insert(&backbone.varmap, HEAD, w, b)?);
         Ok(Self { backbone, head, num_agents, max_length, device })
     }
 
@@ -109,8 +176,27 @@ impl JointRewardModel {
         let backbone = LoadedModel::load(&dir.join("backbone").display().to_string(), device)
             .with_context(|| format!("loading the reward model's backbone from {}", dir.display()))?;
         let hidden = backbone.model.config.hidden_size;
-        let head = ScalarHead::load(&backbone.varmap, HEAD, hidden, &dir.join("reward_head.safetensors"), device)?;
+        let file = dir.join("reward_head.safetensors");
+        let head = match (info.pooling.as_str(), info.mlp_hidden) {
+            (LAST_TOKEN, None) => Head::LastToken(ScalarHead::load(&backbone.varmap, HEAD, hidden, &file, device)?),
+            (POOLED, Some(d)) if d >= 1 => {
+                let input = pooled_width(info.num_agents, hidden);
+                Head::PooledMlp(ValueHead::load(&backbone.varmap, HEAD, input, Some(d), &file, device)?)
+            }
+            (pooling, d) => bail!(
+                "{}: a head this pbrl does not read (pooling `{pooling}`, mlp_hidden {d:?}; it reads `{LAST_TOKEN}` \
+                 without mlp_hidden and `{POOLED}` with one >= 1)",
+                info_path.display()
+            ),
+        };
         Ok(Self { backbone, head, num_agents: info.num_agents, max_length: info.max_length, device: device.clone() })
+    }
+
+    pub fn kind(&self) -> RewardHeadKind {
+        match self.head {
+            Head::LastToken(_) => RewardHeadKind::LastToken,
+            Head::PooledMlp(_) => RewardHeadKind::PooledMlp,
+        }
     }
 
     /// The weights an optimizer updates: the head only (`freeze_backbone`), or everything.
@@ -130,60 +216,96 @@ impl JointRewardModel {
         joint_text(self.num_agents, prompts, completions)
     }
 
-    /// Token ids of a joint text: with the tokenizer's special tokens, cut to `max_length`.
-    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let mut ids = self.backbone.tokenizer.encode_with_special_tokens(text)?;
+    /// One joint response as the model reads it: its joint text's tokens (with the tokenizer's
+    /// special tokens, cut to `max_length`) and where each agent's response lies in them.
+    pub fn encode(&self, prompts: &[String], completions: &[String]) -> Result<JointRow> {
+        let (text, spans) = joint_text_with_responses(self.num_agents, prompts, completions);
+        let (mut ids, offsets) = self.backbone.tokenizer.encode_with_offsets(&text)?;
+        let full: Vec<Range<usize>> = spans.iter().map(|span| tokens_within(&offsets, span)).collect();
         ids.truncate(self.max_length);
-        Ok(ids)
+        let n = ids.len();
+        Ok(JointRow {
+            ids,
+            responses: full.iter().map(|r| r.start.min(n)..r.end.min(n)).collect(),
+            response_tokens: full.iter().map(Range::len).collect(),
+        })
     }
 
-    /// Scores (b,) of token rows (right-padded into one batch). With `Mode::Infer` the
-    /// backbone's output carries no graph, so gradients reach the head only.
-    pub fn score_rows(&self, rows: &[Vec<u32>], mode: Mode) -> Result<Tensor> {
-        self.head.forward(&last_token_hidden(&self.backbone, rows, mode)?)
-    }
-
-    /// Scores (b,), (b,) of pairs of token rows, each pair's common prefix (the header and the
-    /// first agent's prompt, for a winner and a loser of one item) run once: the same scores
-    /// as [`JointRewardModel::score_rows`] on each side, in one forward pass. The head is
-    /// applied to each side apart, so its bias gets exactly opposite gradients from the two
-    /// (under a Bradley–Terry loss its true gradient, 0), not a rounding residue of one sum.
-    pub fn score_pairs(&self, pairs: &[(&[u32], &[u32])], mode: Mode) -> Result<(Tensor, Tensor)> {
-        if pairs.iter().any(|(a, b)| a.is_empty() || b.is_empty()) {
-            // An empty row scores at its padded position 0 (as the reference): only a padded batch has one.
-            let winners: Vec<Vec<u32>> = pairs.iter().map(|p| p.0.to_vec()).collect();
-            let losers: Vec<Vec<u32>> = pairs.iter().map(|p| p.1.to_vec()).collect();
-            return Ok((self.score_rows(&winners, mode)?, self.score_rows(&losers, mode)?));
+    /// What the head reads of each row, (b, width): one pass of the rows (right-padded into
+    /// one batch) through the backbone. With `Mode::Infer` the result carries no graph, so
+    /// gradients reach the head only.
+    fn head_input(&self, rows: &[JointRow], mode: Mode) -> Result<Tensor> {
+        let ids: Vec<Vec<u32>> = rows.iter().map(|r| r.ids.clone()).collect();
+        if let Head::LastToken(_) = self.head {
+            return last_token_hidden(&self.backbone, &ids, mode);
         }
-        let (w, l) = pair_last_token_hidden(&self.backbone, pairs, mode)?;
-        Ok((self.head.forward(&w)?, self.head.forward(&l)?))
+        let batch = PaddedBatch::new(&ids, self.backbone.tokenizer.pad_id, Padding::Right, &self.device)?;
+        let seq = batch.ids.dim(1)?;
+        let hidden = self.backbone.model.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, mode)?;
+        pool_responses(&hidden, seq, rows, self.num_agents)
     }
 
-    /// The final hidden states (n, hidden) at the rows' last real tokens, without gradients,
-    /// `batch` rows per forward pass. With a frozen backbone these never change, so a fit
-    /// computes them once and trains the head on them ([`JointRewardModel::score_features`]).
-    pub fn features(&self, rows: &[Vec<u32>], batch: usize) -> Result<Tensor> {
-        let parts = rows
-            .chunks(batch.max(1))
-            .map(|c| last_token_hidden(&self.backbone, c, Mode::Infer))
-            .collect::<Result<Vec<_>>>()?;
+    fn apply_head(&self, input: &Tensor) -> Result<Tensor> {
+        match &self.head {
+            Head::LastToken(h) => h.forward(input),
+            Head::PooledMlp(h) => h.forward(input),
+        }
+    }
+
+    /// Scores (b,) of joint rows (right-padded into one batch).
+    pub fn score_rows(&self, rows: &[JointRow], mode: Mode) -> Result<Tensor> {
+        self.apply_head(&self.head_input(rows, mode)?)
+    }
+
+    /// Scores (b,), (b,) of pairs of joint rows: the same scores as
+    /// [`JointRewardModel::score_rows`] on each side. The last-token head runs each pair packed
+    /// on its common prefix (the header and the first agent's prompt, for a winner and a loser
+    /// of one item) once, in one forward pass, and is applied to each side apart, so its bias
+    /// gets exactly opposite gradients from the two (under a Bradley–Terry loss its true
+    /// gradient, 0), not a rounding residue of one sum. The pooled head reads every response
+    /// token of both sides, and runs them as two batches.
+    pub fn score_pairs(&self, pairs: &[(&JointRow, &JointRow)], mode: Mode) -> Result<(Tensor, Tensor)> {
+        let packable = pairs.iter().all(|(a, b)| !a.ids.is_empty() && !b.ids.is_empty());
+        match (&self.head, packable) {
+            (Head::LastToken(head), true) => {
+                let ids: Vec<(&[u32], &[u32])> =
+                    pairs.iter().map(|(a, b)| (a.ids.as_slice(), b.ids.as_slice())).collect();
+                let (w, l) = pair_last_token_hidden(&self.backbone, &ids, mode)?;
+                Ok((head.forward(&w)?, head.forward(&l)?))
+            }
+            // An empty row scores at its padded position 0 (as the reference): only a padded batch has one.
+            _ => {
+                let winners: Vec<JointRow> = pairs.iter().map(|p| p.0.clone()).collect();
+                let losers: Vec<JointRow> = pairs.iter().map(|p| p.1.clone()).collect();
+                Ok((self.score_rows(&winners, mode)?, self.score_rows(&losers, mode)?))
+            }
+        }
+    }
+
+    /// What the head reads of each row, (n, width), without gradients, `batch` rows per forward
+    /// pass. With a frozen backbone these never change, so a fit computes them once and trains
+    /// the head on them ([`JointRewardModel::score_features`]).
+    pub fn features(&self, rows: &[JointRow], batch: usize) -> Result<Tensor> {
+        let parts = rows.chunks(batch.max(1)).map(|c| self.head_input(c, Mode::Infer)).collect::<Result<Vec<_>>>()?;
         match parts.is_empty() {
             true => bail!("no joint texts to compute features of"),
             false => Ok(Tensor::cat(&parts, 0)?),
         }
     }
 
-    /// Scores (b,) of final hidden states from [`JointRewardModel::features`] (differentiable in
-    /// the head).
+    /// Scores (b,) of features from [`JointRewardModel::features`] (differentiable in the head).
     pub fn score_features(&self, features: &Tensor) -> Result<Tensor> {
-        self.head.forward(features)
+        self.apply_head(features)
     }
 
-    /// Scores of joint texts, without gradients.
-    pub fn score_texts(&self, texts: &[String]) -> Result<Vec<f64>> {
-        let rows = texts.iter().map(|t| self.encode(t)).collect::<Result<Vec<_>>>()?;
-        let s = self.score_rows(&rows, Mode::Infer)?.detach();
-        Ok(s.to_dtype(candle_core::DType::F64)?.to_vec1()?)
+    /// Scores of joint rows, without gradients, `batch` rows per forward pass.
+    pub fn score(&self, rows: &[JointRow], batch: usize) -> Result<Vec<f64>> {
+        let mut out = Vec::with_capacity(rows.len());
+        for part in rows.chunks(batch.max(1)) {
+            let s = self.score_rows(part, Mode::Infer)?.detach();
+            out.extend(s.to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?);
+        }
+        Ok(out)
     }
 
     /// Save into `dir`, all or nothing (a previous reward model there is replaced in one atomic
@@ -191,7 +313,11 @@ impl JointRewardModel {
     pub fn save(&self, dir: &Path) -> Result<()> {
         crate::run::atomic::install_dir(dir, |tmp| {
             self.backbone.save_hf_dir(&tmp.join("backbone"), None)?;
-            let head: std::collections::HashMap<String, Tensor> = self.head.tensors().into_iter().collect();
+            let (tensors, pooling, mlp_hidden) = match &self.head {
+                Head::LastToken(h) => (h.tensors(), LAST_TOKEN, None),
+                Head::PooledMlp(h) => (h.tensors(), POOLED, Some(h.hidden_dim().unwrap_or(0))),
+            };
+            let head: std::collections::HashMap<String, Tensor> = tensors.into_iter().collect();
             candle_core::safetensors::save(&head, tmp.join("reward_head.safetensors"))?;
             let info = RewardModelInfo {
                 format: FORMAT.into(),
@@ -200,13 +326,54 @@ impl JointRewardModel {
                 max_length: self.max_length,
                 joint_text: JointTextFormat::reference(),
                 add_special_tokens: true,
-                pooling: "last_non_padding_token".into(),
+                pooling: pooling.into(),
+                mlp_hidden,
                 backbone_source: self.backbone.source.clone(),
             };
             crate::run::atomic_write(&tmp.join("reward_model.json"), &serde_json::to_vec_pretty(&info)?)
         })
         .with_context(|| format!("saving the reward model to {}", dir.display()))
     }
+}
+
+/// The pooled head's input width for `num_agents` agents on a backbone of width `hidden`.
+fn pooled_width(num_agents: usize, hidden: usize) -> usize {
+    num_agents * (hidden + 1)
+}
+
+/// The tokens whose bytes overlap `span` (a response's tokens are contiguous; a token that
+/// straddles its edge counts as its own), empty for an empty response.
+fn tokens_within(offsets: &[(usize, usize)], span: &Range<usize>) -> Range<usize> {
+    let inside = |&(s, e): &(usize, usize)| e > s && s < span.end && e > span.start;
+    match (offsets.iter().position(inside), offsets.iter().rposition(inside)) {
+        (Some(first), Some(last)) => first..last + 1,
+        _ => 0..0,
+    }
+}
+
+/// The pooled head's input from final hidden states as (b·seq, hidden) rows: per row, each
+/// agent's response tokens' states averaged (zeros for an empty response), then each agent's
+/// log(1 + response tokens); (b, A·hidden + A). One matrix product, so gradients reach the
+/// backbone when the states carry a graph.
+fn pool_responses(hidden_rows: &Tensor, seq: usize, rows: &[JointRow], num_agents: usize) -> Result<Tensor> {
+    let (b, width) = (rows.len(), hidden_rows.dim(1)?);
+    let mut weights = vec![0f32; b * num_agents * b * seq];
+    for (r, row) in rows.iter().enumerate() {
+        for (a, span) in row.responses.iter().enumerate().take(num_agents) {
+            for t in span.clone() {
+                weights[(r * num_agents + a) * b * seq + r * seq + t] = 1.0 / span.len() as f32;
+            }
+        }
+    }
+    let (device, dtype) = (hidden_rows.device(), hidden_rows.dtype());
+    let weights = Tensor::from_vec(weights, (b * num_agents, b * seq), device)?.to_dtype(dtype)?;
+    let pooled = weights.matmul(hidden_rows)?.reshape((b, num_agents * width))?;
+    let log_tokens: Vec<f32> = rows
+        .iter()
+        .flat_map(|r| (0..num_agents).map(|a| (1.0 + r.response_tokens.get(a).copied().unwrap_or(0) as f32).ln()))
+        .collect();
+    let log_tokens = Tensor::from_vec(log_tokens, (b, num_agents), device)?.to_dtype(dtype)?;
+    Ok(Tensor::cat(&[pooled, log_tokens], 1)?)
 }
 
 #[cfg(test)]
@@ -217,8 +384,12 @@ pub(crate) mod tests {
 
     /// A reward model on a tiny random Llama backbone, for two agents.
     pub(crate) fn tiny_reward_model() -> JointRewardModel {
+        tiny_reward_model_with(RewardHeadKind::LastToken)
+    }
+
+    pub(crate) fn tiny_reward_model_with(kind: RewardHeadKind) -> JointRewardModel {
         let backbone = tiny_model(Architecture::Llama, true, 7, candle_core::DType::F32).unwrap();
-        JointRewardModel::fresh(backbone, 2, None, 3).unwrap()
+        JointRewardModel::fresh(backbone, 2, None, kind, 5, 3).unwrap()
     }
 
     /// Token row `i` of a family of rows of different lengths (3 + 2i tokens).
@@ -226,18 +397,34 @@ pub(crate) mod tests {
         (0..(3 + 2 * i)).map(|t| 4 + (t * 5 + i) % 30).collect()
     }
 
+    /// [`test_row`] as a joint row: agent 1's response its tokens 1..2 + i, agent 2's the rest
+    /// but the first.
+    pub(crate) fn test_joint_row(i: u32) -> JointRow {
+        let (n, i) = (3 + 2 * i as usize, i as usize);
+        JointRow {
+            ids: test_row(i as u32),
+            responses: vec![1..2 + i, 2 + i..n],
+            response_tokens: vec![1 + i, n - 2 - i],
+        }
+    }
+
     #[test]
     fn pairs_packed_on_their_common_prefix_score_and_train_as_two_passes_do() {
         let rm = tiny_reward_model();
         // Pairs that share a prefix of 0, 2 and 5 tokens, one row a prefix of the other, lengths unequal.
         let base: Vec<Vec<u32>> = (0..6).map(test_row).collect();
-        let with_prefix = |p: &[u32], r: &[u32]| -> Vec<u32> { p.iter().chain(r).copied().collect() };
-        let pairs: Vec<(Vec<u32>, Vec<u32>)> = vec![
-            (base[1].clone(), base[2].clone()),
+        let row = |ids: Vec<u32>| JointRow {
+            responses: vec![0..1, 1..ids.len()],
+            response_tokens: vec![1, ids.len() - 1],
+            ids,
+        };
+        let with_prefix = |p: &[u32], r: &[u32]| row(p.iter().chain(r).copied().collect());
+        let pairs: Vec<(JointRow, JointRow)> = vec![
+            (row(base[1].clone()), row(base[2].clone())),
             (with_prefix(&base[0][..2], &base[3]), with_prefix(&base[0][..2], &base[1])),
-            (with_prefix(&base[5][..5], &base[4]), base[5][..5].to_vec()),
+            (with_prefix(&base[5][..5], &base[4]), row(base[5][..5].to_vec())),
         ];
-        let refs: Vec<(&[u32], &[u32])> = pairs.iter().map(|(a, b)| (a.as_slice(), b.as_slice())).collect();
+        let refs: Vec<(&JointRow, &JointRow)> = pairs.iter().map(|(a, b)| (a, b)).collect();
         let two_passes = || {
             let side =
                 |i: usize| pairs.iter().map(|p| if i == 0 { p.0.clone() } else { p.1.clone() }).collect::<Vec<_>>();
@@ -264,24 +451,80 @@ pub(crate) mod tests {
                 assert_eq!(a.to_vec1::<f32>().unwrap(), vec![0.0], "the bias's gradient is exactly 0");
             }
         }
-        let (we, le) = rm.score_pairs(&[(&[5, 6][..], &[][..])], Mode::Infer).unwrap();
+        let empty = JointRow { ids: vec![], responses: vec![0..0, 0..0], response_tokens: vec![0, 0] };
+        let (we, le) = rm.score_pairs(&[(&test_joint_row(0), &empty)], Mode::Infer).unwrap();
         assert_eq!((we.dims(), le.dims()), (&[1][..], &[1][..]), "an empty row falls back to the padded passes");
     }
 
     #[test]
     fn frozen_features_score_as_the_backbone_does() {
-        let rm = tiny_reward_model();
-        let rows: Vec<Vec<u32>> = (0..7).map(test_row).collect();
-        let through = rm.score_rows(&rows, Mode::Train).unwrap().to_vec1::<f32>().unwrap();
-        // Other batchings (other padding) than the one pass through the backbone.
-        for batch in [1, 3, 8] {
-            let f = rm.features(&rows, batch).unwrap();
-            assert_eq!(f.dims(), &[7, rm.backbone.model.config.hidden_size]);
-            let s = rm.score_features(&f).unwrap().to_vec1::<f32>().unwrap();
-            for (a, b) in s.iter().zip(&through) {
-                assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "batch {batch}: {s:?} vs {through:?}");
+        for kind in [RewardHeadKind::LastToken, RewardHeadKind::PooledMlp] {
+            let rm = tiny_reward_model_with(kind);
+            let rows: Vec<JointRow> = (0..7).map(test_joint_row).collect();
+            let through = rm.score_rows(&rows, Mode::Train).unwrap().to_vec1::<f32>().unwrap();
+            let hidden = rm.backbone.model.config.hidden_size;
+            let width = if kind.is_last_token() { hidden } else { 2 * (hidden + 1) };
+            // Other batchings (other padding) than the one pass through the backbone.
+            for batch in [1, 3, 8] {
+                let f = rm.features(&rows, batch).unwrap();
+                assert_eq!(f.dims(), &[7, width]);
+                let s = rm.score_features(&f).unwrap().to_vec1::<f32>().unwrap();
+                for (a, b) in s.iter().zip(&through) {
+                    assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{kind:?}, batch {batch}: {s:?} vs {through:?}");
+                }
             }
+            assert!(rm.features(&[], 8).is_err());
         }
-        assert!(rm.features(&[], 8).is_err());
+    }
+
+    #[test]
+    fn the_pooled_head_reads_each_responses_mean_state_and_log_token_count() {
+        let rm = tiny_reward_model_with(RewardHeadKind::PooledMlp);
+        let (prompts, responses) = (vec!["w1 w2".to_string(), "w3".into()], vec!["w4 w5 w6".to_string(), "".into()]);
+        let row = rm.encode(&prompts, &responses).unwrap();
+        assert_eq!(row.ids[row.responses[0].clone()], [7, 8, 9], "agent 1's response tokens");
+        assert_eq!((row.responses[1].len(), row.response_tokens.clone()), (0, vec![3, 0]));
+        assert_eq!(rm.text(&prompts, &responses).split_whitespace().count(), row.ids.len());
+        // By hand: the states of one row, averaged over the response's positions.
+        let batch = PaddedBatch::new(std::slice::from_ref(&row.ids), 0, Padding::Right, &Device::Cpu).unwrap();
+        let h = rm.backbone.model.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, Mode::Infer).unwrap();
+        let h: Vec<Vec<f32>> = h.to_vec2().unwrap();
+        let f: Vec<f32> = rm.features(std::slice::from_ref(&row), 1).unwrap().squeeze(0).unwrap().to_vec1().unwrap();
+        let width = h[0].len();
+        for c in 0..width {
+            let mean = row.responses[0].clone().map(|t| h[t][c]).sum::<f32>() / 3.0;
+            assert!((f[c] - mean).abs() < 1e-5, "column {c}: {} vs {mean}", f[c]);
+            assert_eq!(f[width + c], 0.0, "an empty response pools to zeros");
+        }
+        assert_eq!(&f[2 * width..], &[4f32.ln(), 0.0], "log(1 + tokens) per agent");
+        // Cut to max_length: the ranges are cut, the counts are not.
+        let short = JointRewardModel { max_length: row.responses[0].start + 1, ..rm };
+        let cut = short.encode(&prompts, &responses).unwrap();
+        assert_eq!((cut.responses[0].len(), cut.response_tokens[0]), (1, 3));
+    }
+
+    #[test]
+    fn a_saved_pooled_reward_model_scores_the_same_and_its_description_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let rm = tiny_reward_model_with(RewardHeadKind::PooledMlp);
+        let rows: Vec<JointRow> = (0..4).map(test_joint_row).collect();
+        let path = dir.path().join("rm");
+        rm.save(&path).unwrap();
+        let back = JointRewardModel::load(&path, &Device::Cpu).unwrap();
+        assert_eq!(back.kind(), RewardHeadKind::PooledMlp);
+        assert_eq!(back.score(&rows, 4).unwrap(), rm.score(&rows, 4).unwrap(), "the same batching, the same scores");
+        let (w, l) = rm.score_pairs(&[(&rows[0], &rows[1]), (&rows[2], &rows[3])], Mode::Infer).unwrap();
+        let both: Vec<f32> = w.to_vec1::<f32>().unwrap().into_iter().chain(l.to_vec1::<f32>().unwrap()).collect();
+        let each: Vec<f32> = [0, 2, 1, 3].iter().map(|&i| rm.score(&rows[i..=i], 1).unwrap()[0] as f32).collect();
+        assert!(both.iter().zip(&each).all(|(a, b)| (a - b).abs() < 1e-5), "{both:?} vs {each:?}");
+        let info = path.join("reward_model.json");
+        let text = std::fs::read_to_string(&info).unwrap();
+        assert!(text.contains(POOLED) && text.contains("\"mlp_hidden\": 5"), "{text}");
+        std::fs::write(&info, text.replace("\"mlp_hidden\": 5", "\"mlp_hidden\": 6")).unwrap();
+        let e = format!("{:#}", JointRewardModel::load(&path, &Device::Cpu).err().unwrap());
+        assert!(e.contains("pre_projection.0.weight` has shape [5, 66], the head needs [6, 66]"), "{e}");
+        std::fs::write(&info, text.replace(POOLED, "mean")).unwrap();
+        let e = format!("{:#}", JointRewardModel::load(&path, &Device::Cpu).err().unwrap());
+        assert!(e.contains("a head this pbrl does not read (pooling `mean`"), "{e}");
     }
 }

@@ -32,14 +32,15 @@ fn setup(d: &Path, extra: &str) {
 fn accuracy(run: &Path) -> f64 {
     let rm = JointRewardModel::load(&run.join("reward_model"), &Device::Cpu).unwrap();
     let round = RoundFile::load(&run.join("preference_replay/iteration_0001.json")).unwrap();
-    let texts = |winner: bool| -> Vec<String> {
-        round
+    let scores = |winner: bool| -> Vec<f64> {
+        let rows: Vec<_> = round
             .pairs
             .iter()
-            .map(|p| rm.text(&p.prompts, if winner { &p.winner_completions } else { &p.loser_completions }))
-            .collect()
+            .map(|p| rm.encode(&p.prompts, if winner { &p.winner_completions } else { &p.loser_completions }).unwrap())
+            .collect();
+        rm.score(&rows, 8).unwrap()
     };
-    let (w, l) = (rm.score_texts(&texts(true)).unwrap(), rm.score_texts(&texts(false)).unwrap());
+    let (w, l) = (scores(true), scores(false));
     w.iter().zip(&l).filter(|(w, l)| w > l).count() as f64 / w.len() as f64
 }
 
@@ -95,6 +96,27 @@ fn fit_rm_orders_its_pairs_and_saves_a_loadable_reward_model() {
     assert_eq!(info["num_agents"], 2);
     assert_eq!(info["joint_text"]["agent_prompt"], "Agent {i} prompt:\n{prompt}");
     assert!(run.join("reward_model_training/training_plot.svg").is_file());
+}
+
+/// The pooled head (per-agent response means and token counts, an MLP) fits its pairs on the
+/// frozen backbone's features, and is saved with its description.
+#[test]
+fn the_pooled_head_orders_its_pairs_and_is_saved_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "reward_head = \"pooled_mlp\"\nreward_head_hidden = 16\nreward_freeze_backbone = true");
+    let run = d.join("run");
+    ok(pbrl(&["fit-rm", "--config", "c.toml", "reward_learning_rate=1e-2", "reward_num_train_epochs=20"], d));
+    let l = common::metric_values(&run, "rm/loss");
+    assert!(l.last() < l.first(), "the pooled head learns: {l:?}");
+    let acc = accuracy(&run);
+    assert!(acc >= 0.75, "the fitted model orders most of the round's pairs: {acc}");
+    let info: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("reward_model/reward_model.json")).unwrap()).unwrap();
+    assert_eq!((info["pooling"].as_str(), info["mlp_hidden"].as_u64()), (Some(pbrl::reward_model::POOLED), Some(16)));
+    let head = common::safetensors_names(&run.join("reward_model/reward_head.safetensors"));
+    assert_eq!(head.len(), 4, "{head:?}");
+    assert!(head.contains(&"reward_head.pre_projection.0.weight".to_string()), "{head:?}");
 }
 
 #[test]
@@ -172,7 +194,8 @@ fn a_saved_reward_model_scores_the_same_in_transformers() {
     let rm = JointRewardModel::load(&rm_dir, &Device::Cpu).unwrap();
     let round = RoundFile::load(&d.join("run/preference_replay/iteration_0001.json")).unwrap();
     let texts: Vec<String> = round.pairs.iter().map(|p| rm.text(&p.prompts, &p.winner_completions)).collect();
-    let ours = rm.score_texts(&texts).unwrap();
+    let rows: Vec<_> = round.pairs.iter().map(|p| rm.encode(&p.prompts, &p.winner_completions).unwrap()).collect();
+    let ours = rm.score(&rows, texts.len()).unwrap();
     let mut child = std::process::Command::new(python)
         .arg(common::repo().join("scripts/score_reward_model.py"))
         .arg(&rm_dir)

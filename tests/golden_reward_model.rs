@@ -9,7 +9,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use pbrl::algo::bradley_terry::bradley_terry_loss;
 use pbrl::model::{LoadedModel, Mode};
-use pbrl::reward_model::JointRewardModel;
+use pbrl::reward_model::{JointRewardModel, JointRow};
 use pbrl::train::optim::{AdamW, AdamWConfig};
 use serde_json::Value;
 
@@ -24,7 +24,7 @@ fn strings(v: &Value) -> Vec<String> {
 }
 
 /// The case's reward model and its winner, loser token rows.
-fn setup(case: &Value, pairs: &[Value]) -> (JointRewardModel, Vec<Vec<u32>>) {
+fn setup(case: &Value, pairs: &[Value]) -> (JointRewardModel, Vec<JointRow>) {
     let dev = common::device();
     let backbone = common::fixtures().join("golden_madpo").join(case["backbone"].as_str().unwrap());
     let model = LoadedModel::load(backbone.to_str().unwrap(), &dev).unwrap();
@@ -42,9 +42,11 @@ fn setup(case: &Value, pairs: &[Value]) -> (JointRewardModel, Vec<Vec<u32>>) {
     .unwrap();
     let text = |p: &Value, side: &str| rm.text(&strings(&p["prompts"]), &strings(&p[side]));
     assert_eq!(text(&pairs[0], "winner_completions"), case["joint_texts"][0].as_str().unwrap(), "the joint text");
-    let rows: Vec<Vec<u32>> = ["winner_completions", "loser_completions"]
+    let rows: Vec<JointRow> = ["winner_completions", "loser_completions"]
         .iter()
-        .flat_map(|side| pairs.iter().map(|p| rm.encode(&text(p, side)).unwrap()).collect::<Vec<_>>())
+        .flat_map(|side| {
+            pairs.iter().map(|p| rm.encode(&strings(&p["prompts"]), &strings(&p[side])).unwrap()).collect::<Vec<_>>()
+        })
         .collect();
     (rm, rows)
 }
@@ -68,12 +70,14 @@ fn bradley_terry_scores_losses_and_gradients_match_comlrl() {
         let (rm, rows) = setup(case, &pairs);
         if case["max_length"].is_u64() {
             let cut = case["max_length"].as_u64().unwrap() as usize;
-            assert!(rows.iter().all(|r| r.len() <= cut) && rows.iter().any(|r| r.len() == cut), "{name}: truncated");
+            assert!(
+                rows.iter().all(|r| r.ids.len() <= cut) && rows.iter().any(|r| r.ids.len() == cut),
+                "{name}: truncated"
+            );
         }
         // Winners and losers in two forward passes, as the reference scores them, and in one
         // pass over each pair packed on its common prefix, as `fit-rm` does.
-        let pairs_of_rows: Vec<(&[u32], &[u32])> =
-            (0..n).map(|i| (rows[i].as_slice(), rows[n + i].as_slice())).collect();
+        let pairs_of_rows: Vec<(&JointRow, &JointRow)> = (0..n).map(|i| (&rows[i], &rows[n + i])).collect();
         for packed in [true, false] {
             let label = &format!("{name}{}", if packed { " (packed pairs)" } else { "" });
             let (w, l) = match packed {

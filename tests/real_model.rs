@@ -122,3 +122,20 @@ fn an_agent_exported_from_the_gguf_loads_in_transformers() {
     assert_eq!(r["generation"]["top_k"], 0);
     assert_eq!(r["chat_hi"].as_str().unwrap(), m.tokenizer.format_prompt(true, None, "Hi").unwrap());
 }
+
+/// The pooled reward head finds each agent's response in the byte-level BPE's tokens of the
+/// joint text: the tokens it pools decode to the response (multi-byte characters too).
+#[test]
+fn each_agents_response_tokens_decode_to_its_response() {
+    use pbrl::reward_model::{JointRewardModel, RewardHeadKind};
+    let rm = JointRewardModel::fresh(load(), 2, None, RewardHeadKind::PooledMlp, 4, 1).unwrap();
+    let prompts = vec!["Why is the sky blue?".to_string(), "Why is the sky blue? In detail.".to_string()];
+    let responses =
+        vec!["Rayleigh scattering.".to_string(), "Sunlight (café ☕ aside) scatters:\n\nblue more.".to_string()];
+    let row = rm.encode(&prompts, &responses).unwrap();
+    for (a, r) in responses.iter().enumerate() {
+        let text = rm.backbone.tokenizer.decode(&row.ids[row.responses[a].clone()]).unwrap();
+        assert_eq!(text.trim_start_matches('\n'), r, "agent {a}'s response tokens");
+        assert_eq!(row.response_tokens[a], row.responses[a].len());
+    }
+}

@@ -70,6 +70,19 @@ fn marlhf_raises_the_reward_models_score_and_saves_the_agents() {
     assert!(run.join("marlhf_training/training_plot.svg").is_file());
 }
 
+/// `train-marlhf` reads a pooled reward model as it reads the last-token one.
+#[test]
+fn marlhf_trains_on_a_pooled_reward_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_train_epochs = 2\nreward_head = \"pooled_mlp\"");
+    let o = ok(pbrl(&["train-marlhf", "--config", "c.toml"], d));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("agents saved"), "{}", String::from_utf8_lossy(&o.stdout));
+    let r = common::metric_values(&d.join("run"), "turn_1/reward_mean");
+    assert_eq!(r.len(), 2 * 3, "2 epochs of 3 buffers: {r:?}");
+    assert!(r.iter().all(|x| x.is_finite()) && r.iter().any(|x| *x != r[0]), "the pooled model's scores: {r:?}");
+}
+
 #[test]
 fn the_reference_kl_starts_at_zero_and_a_resumed_run_is_exact() {
     let dir = tempfile::tempdir().unwrap();
@@ -159,7 +172,7 @@ fn the_actor_critic_backends_raise_the_reward_models_score() {
         }
         let v = common::metric_values(&run, "marlhf/value_loss/agent_1");
         assert_eq!(v.len(), r.len(), "{name}: a critic loss per buffer");
-        let names = safetensors_names(&run.join("agents/agent_0/model.safetensors"));
+        let names = common::safetensors_names(&run.join("agents/agent_0/model.safetensors"));
         assert!(names.iter().all(|n| !n.contains("value_head")), "{name}: {names:?}");
     }
 }
@@ -180,9 +193,4 @@ fn a_resumed_actor_critic_run_is_exact() {
     }
     let v = |run: &str| common::metric_values(&d.join(run), "marlhf/value_loss/agent_0");
     assert_eq!(v("run"), v("other")[v("other").len() - v("run").len()..].to_vec(), "the critics were restored too");
-}
-
-fn safetensors_names(path: &Path) -> Vec<String> {
-    let t = candle_core::safetensors::load(path, &candle_core::Device::Cpu).unwrap();
-    t.keys().cloned().collect()
 }

@@ -10,14 +10,25 @@ use super::madpo::neg_log_sigmoid;
 /// `_format_joint_text`): agents numbered from 1, parts joined by a blank line; an agent with
 /// no prompt or completion gets an empty one.
 pub fn joint_text(num_agents: usize, prompts: &[String], completions: &[String]) -> String {
-    let mut parts = vec!["Joint multi-agent response".to_string()];
+    joint_text_with_responses(num_agents, prompts, completions).0
+}
+
+/// [`joint_text`] and, for each agent, the byte range its response takes in it.
+pub fn joint_text_with_responses(
+    num_agents: usize,
+    prompts: &[String],
+    completions: &[String],
+) -> (String, Vec<std::ops::Range<usize>>) {
+    let mut text = String::from("Joint multi-agent response");
+    let mut responses = Vec::with_capacity(num_agents);
     for i in 0..num_agents {
         let prompt = prompts.get(i).map_or("", String::as_str);
         let completion = completions.get(i).map_or("", String::as_str);
-        parts.push(format!("Agent {} prompt:\n{prompt}", i + 1));
-        parts.push(format!("Agent {} response:\n{completion}", i + 1));
+        text.push_str(&format!("\n\nAgent {} prompt:\n{prompt}\n\nAgent {} response:\n", i + 1, i + 1));
+        responses.push(text.len()..text.len() + completion.len());
+        text.push_str(completion);
     }
-    parts.join("\n\n")
+    (text, responses)
 }
 
 /// −mean log σ(s_w − s_l) over the batch; `winner`, `loser`: (pairs,) scores.
@@ -86,6 +97,8 @@ mod tests {
         );
         // A centralized pair has one prompt: the other agents' parts are empty, as in the reference.
         assert!(joint_text(2, &["p".into()], &["c".into()]).ends_with("Agent 2 prompt:\n\n\nAgent 2 response:\n"));
+        let (t, spans) = joint_text_with_responses(2, &["p1".into(), "p2".into()], &["c1".into(), "".into()]);
+        assert_eq!((&t[spans[0].clone()], spans[1].clone()), ("c1", t.len()..t.len()), "each response's bytes");
     }
 
     #[test]

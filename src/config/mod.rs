@@ -18,7 +18,11 @@ mod tests;
 
 pub use overrides::{closest, Override};
 
+use crate::reward_model::RewardHeadKind;
 use crate::train::optim::LrSchedule;
+
+/// The pooled reward head's hidden layer width when `reward_head_hidden` is not set.
+pub const DEFAULT_REWARD_HEAD_HIDDEN: usize = 32;
 use overrides::{describe_de_error, line_of, reject_non_finite};
 
 /// A user mistake in the configuration. Printed as one line; exit code 2.
@@ -325,6 +329,13 @@ pub struct Config {
     #[serde(deserialize_with = "opt")]
     pub reward_max_length: Option<i64>,
     pub reward_freeze_backbone: bool,
+    /// The reward model's head: "last_token" (the reference's) or "pooled_mlp" (each agent's
+    /// response pooled, an MLP; `reward_model.rs`).
+    #[serde(skip_serializing_if = "RewardHeadKind::is_last_token")]
+    pub reward_head: RewardHeadKind,
+    /// The pooled head's hidden layer width; default [`DEFAULT_REWARD_HEAD_HIDDEN`].
+    #[serde(deserialize_with = "opt", skip_serializing_if = "Option::is_none")]
+    pub reward_head_hidden: Option<i64>,
     /// The critics' backbone of `maac` / `iac` (any model source); default: each agent's own
     /// source (`maac`: the first agent's).
     #[serde(deserialize_with = "opt")]
@@ -470,6 +481,8 @@ impl Default for Config {
             reward_train_batch_size: 1,
             reward_max_length: None,
             reward_freeze_backbone: false,
+            reward_head: RewardHeadKind::LastToken,
+            reward_head_hidden: None,
             critic_model_name: None,
             critic_learning_rate: None,
             critic_devices: None,
@@ -647,6 +660,11 @@ impl Config {
 
     /// The reward model's backbone source and device (reference §7.1: `reward_model_name`, else
     /// the actors' model; the device: `reward_model_device`, else the first actor's).
+    /// The reward head's hidden layer width (pooled head).
+    pub fn reward_head_hidden(&self) -> usize {
+        self.reward_head_hidden.map_or(DEFAULT_REWARD_HEAD_HIDDEN, |d| d as usize)
+    }
+
     pub fn reward_model_source(&self) -> Result<(String, String), ConfigError> {
         let source = match &self.reward_model_name {
             Some(s) => s.clone(),

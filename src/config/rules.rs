@@ -1,6 +1,7 @@
 //! The reference's validation rules (CoMLRL `MADPOConfig.__post_init__`), in its order and
 //! words, and pbrl's own, applied after every default and override is in place.
 use super::{err, Config, ConfigError, DeviceSpec, EvalSplit};
+use crate::reward_model::RewardHeadKind;
 
 impl Config {
     /// Reference §2.3 replay rules (aliases normalized), in the reference's order and words.
@@ -237,6 +238,13 @@ impl Config {
         }
         if self.reward_max_length.is_some_and(|m| m < 1) {
             return err("reward_max_length must be >= 1 or null.");
+        }
+        match (self.reward_head, self.reward_head_hidden) {
+            (RewardHeadKind::LastToken, Some(_)) => {
+                return err("reward_head_hidden sets the hidden layer of reward_head = \"pooled_mlp\"; the last-token head has none.");
+            }
+            (_, Some(d)) if !(1..=65536).contains(&d) => return err("reward_head_hidden must be in [1, 65536]."),
+            _ => {}
         }
         if !(0..=64).contains(&self.reward_fresh_samples) {
             return err("reward_fresh_samples must be in [0, 64] (0: not measured).");

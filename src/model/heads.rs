@@ -51,14 +51,8 @@ impl ScalarHead {
 
     /// Read a head saved by [`ScalarHead::tensors`] from a safetensors file.
     pub fn load(varmap: &VarMap, prefix: &str, hidden: usize, file: &std::path::Path, dev: &Device) -> Result<Self> {
-        let t = candle_core::safetensors::load(file, dev).with_context(|| format!("reading {}", file.display()))?;
-        let get = |name: String, dims: &[usize]| -> Result<Tensor> {
-            let x = t.get(&name).with_context(|| format!("{}: no tensor `{name}`", file.display()))?;
-            if x.dims() != dims {
-                bail!("{}: `{name}` has shape {:?}, the backbone needs {dims:?}", file.display(), x.dims());
-            }
-            Ok(x.clone())
-        };
+        let t = read_head_file(file, dev, 2)?;
+        let get = |name: String, dims: &[usize]| checked(&t, file, name, dims);
         Self::insert(varmap, prefix, get(Self::weight_name(prefix), &[1, hidden])?, get(Self::bias_name(prefix), &[1])?)
     }
 
@@ -68,6 +62,33 @@ impl ScalarHead {
         let b = self.bias.to_dtype(hidden.dtype())?;
         Ok(hidden.matmul(&w.t()?)?.broadcast_add(&b)?.squeeze(1)?)
     }
+}
+
+/// A saved head's tensors, which must be exactly `count` (no weight is silently ignored).
+fn read_head_file(
+    file: &std::path::Path,
+    dev: &Device,
+    count: usize,
+) -> Result<std::collections::HashMap<String, Tensor>> {
+    let t = candle_core::safetensors::load(file, dev).with_context(|| format!("reading {}", file.display()))?;
+    if t.len() != count {
+        bail!("{}: {} tensors, the head has {count}", file.display(), t.len());
+    }
+    Ok(t)
+}
+
+/// Tensor `name` of a head file, which must have the shape `dims`.
+fn checked(
+    t: &std::collections::HashMap<String, Tensor>,
+    file: &std::path::Path,
+    name: String,
+    dims: &[usize],
+) -> Result<Tensor> {
+    let x = t.get(&name).with_context(|| format!("{}: no tensor `{name}`", file.display()))?;
+    if x.dims() != dims {
+        bail!("{}: `{name}` has shape {:?}, the head needs {dims:?}", file.display(), x.dims());
+    }
+    Ok(x.clone())
 }
 
 /// Insert tensors into `varmap` as f32 `Var`s under new names (an existing name is an error,
@@ -140,6 +161,50 @@ impl ValueHead {
         let names = (format!("{prefix}.value_projection.weight"), format!("{prefix}.value_projection.bias"));
         let [w, b] = insert_vars(varmap, [(names.0, w), (names.1, b)])?;
         Ok(Self { pre_projection, value_projection: (w, b), prefix: prefix.into() })
+    }
+
+    /// The head's weights as PyTorch names them (for saving): name → tensor.
+    pub fn tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        if let Some((w, b)) = &self.pre_projection {
+            out.push((format!("{}.pre_projection.0.weight", self.prefix), w.clone()));
+            out.push((format!("{}.pre_projection.0.bias", self.prefix), b.clone()));
+        }
+        out.push((format!("{}.value_projection.weight", self.prefix), self.value_projection.0.clone()));
+        out.push((format!("{}.value_projection.bias", self.prefix), self.value_projection.1.clone()));
+        out
+    }
+
+    /// Read a head saved by [`ValueHead::tensors`] from a safetensors file: inputs of width
+    /// `input`, the hidden layer `hidden_dim` wide (none: no hidden layer).
+    pub fn load(
+        varmap: &VarMap,
+        prefix: &str,
+        input: usize,
+        hidden_dim: Option<usize>,
+        file: &std::path::Path,
+        dev: &Device,
+    ) -> Result<Self> {
+        let t = read_head_file(file, dev, 2 + 2 * usize::from(hidden_dim.is_some()))?;
+        let get = |name: String, dims: &[usize]| checked(&t, file, name, dims);
+        let pre = match hidden_dim {
+            Some(d) => Some((
+                get(format!("{prefix}.pre_projection.0.weight"), &[d, input])?,
+                get(format!("{prefix}.pre_projection.0.bias"), &[d])?,
+            )),
+            None => None,
+        };
+        let width = hidden_dim.unwrap_or(input);
+        let out = (
+            get(format!("{prefix}.value_projection.weight"), &[1, width])?,
+            get(format!("{prefix}.value_projection.bias"), &[1])?,
+        );
+        Self::insert(varmap, prefix, pre, out)
+    }
+
+    /// The hidden layer's width (none without one).
+    pub fn hidden_dim(&self) -> Option<usize> {
+        self.pre_projection.as_ref().map(|(w, _)| w.dims()[0])
     }
 
     /// Values (b,) of hidden states (b, hidden).

@@ -106,6 +106,13 @@ impl ChatTokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// [`ChatTokenizer::encode_with_special_tokens`] and each token's byte range in `text`
+    /// (an added special token's is empty).
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+        let enc = self.tokenizer.encode(text, true).map_err(|e| anyhow!("tokenizer: {e}"))?;
+        Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec()))
+    }
+
     /// Text of generated tokens, special tokens (the stop token) removed.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.tokenizer.decode(ids, true).map_err(|e| anyhow!("tokenizer: {e}"))

@@ -37,7 +37,7 @@ use crate::model::batch::distinct_rows;
 use crate::model::{LoadedModel, Mode};
 use crate::prefs::replay::training_pairs;
 use crate::prefs::{round_path, PreferencePair};
-use crate::reward_model::JointRewardModel;
+use crate::reward_model::{JointRewardModel, JointRow};
 use crate::rng::{derive_seed, purpose};
 use crate::run::{atomic_write, RunDir};
 use crate::task::reward::build_reward;
@@ -94,10 +94,10 @@ pub fn reward_model_dir(run_dir: &RunDir) -> std::path::PathBuf {
     run_dir.root.join("reward_model")
 }
 
-/// A pair's two joint texts as token rows.
+/// A pair's two joint responses as the reward model reads them.
 struct EncodedPair {
-    winner: Vec<u32>,
-    loser: Vec<u32>,
+    winner: JointRow,
+    loser: JointRow,
 }
 
 /// Joint texts scored per forward pass when no gradient is needed.
@@ -145,12 +145,14 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
         backbone,
         cfg.num_agents as usize,
         max_length,
+        cfg.reward_head,
+        cfg.reward_head_hidden(),
         derive_seed(cfg.seed, &[purpose::REWARD_HEAD]),
     )?;
     let encode = |p: &PreferencePair| -> Result<EncodedPair> {
         Ok(EncodedPair {
-            winner: rm.encode(&rm.text(&p.prompts, &p.winner_completions))?,
-            loser: rm.encode(&rm.text(&p.prompts, &p.loser_completions))?,
+            winner: rm.encode(&p.prompts, &p.winner_completions)?,
+            loser: rm.encode(&p.prompts, &p.loser_completions)?,
         })
     };
     let train = train.into_iter().map(encode).collect::<Result<Vec<_>>>()?;
@@ -198,15 +200,15 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     }
 
     session.run(train.len(), batch_size, |step, chunk, metrics| {
-        *step.tokens += chunk.iter().map(|&i| train[i].winner.len() + train[i].loser.len()).sum::<usize>();
+        *step.tokens += chunk.iter().map(|&i| train[i].winner.ids.len() + train[i].loser.ids.len()).sum::<usize>();
         // The reference scores winners and losers in two forward passes; one pass over each
         // pair packed on its common prefix (the header and the first agent's prompt) gives the
         // same scores and gradients without running that prefix twice.
         let (w, l) = match &frozen_train {
             Some(f) => f.scores(&rm, chunk)?,
             None => {
-                let pairs: Vec<(&[u32], &[u32])> =
-                    chunk.iter().map(|&i| (train[i].winner.as_slice(), train[i].loser.as_slice())).collect();
+                let pairs: Vec<(&JointRow, &JointRow)> =
+                    chunk.iter().map(|&i| (&train[i].winner, &train[i].loser)).collect();
                 rm.score_pairs(&pairs, Mode::Train)?
             }
         };
@@ -306,7 +308,7 @@ fn fresh_rank(
         let out = rollout(&team, std::slice::from_ref(item), k, &cfg.sampling(), |_, a, s| seed(j, a, s), |_| {})?;
         let prompts = &out.prompts[0];
         let reward_prompts = collab.reward_prompts(item, prompts)?;
-        let (mut oracle, mut texts) = (Vec::with_capacity(k), Vec::with_capacity(k));
+        let (mut oracle, mut rows) = (Vec::with_capacity(k), Vec::with_capacity(k));
         for s in 0..k {
             let actor_outputs = out.texts(0, s);
             let r = processor.apply(reward.score(item, &reward_prompts, &collab.role_outputs(&actor_outputs))?);
@@ -314,9 +316,9 @@ fn fresh_rank(
                 bail!("fresh sample {s} of a held-out item: its reward is not finite ({r})");
             }
             oracle.push(r);
-            texts.push(rm.text(prompts, &actor_outputs));
+            rows.push(rm.encode(prompts, &actor_outputs)?);
         }
-        groups.push((oracle, rm.score_texts(&texts)?));
+        groups.push((oracle, rm.score(&rows, SCORE_BATCH)?));
     }
     let (right, total) = within_prompt_order(&groups, 1e-9);
     Ok((total > 0).then(|| FreshRank {
@@ -340,9 +342,15 @@ impl PairFeatures {
         }
         // One backbone pass per distinct text: a candidate is in several pairs of its item.
         // Rows interleaved: pair i's winner is row 2i, its loser row 2i + 1.
-        let sides = pairs.iter().flat_map(|p| [p.winner.as_slice(), p.loser.as_slice()]);
-        let (distinct, source) = distinct_rows(sides);
-        let features = rm.features(&distinct, SCORE_BATCH)?;
+        let sides: Vec<&JointRow> = pairs.iter().flat_map(|p| [&p.winner, &p.loser]).collect();
+        let (distinct, source) = distinct_rows(sides.iter().map(|r| r.ids.as_slice()));
+        // The same tokens are the same joint text, so any of its rows stands for it.
+        let mut rows: Vec<Option<JointRow>> = vec![None; distinct.len()];
+        for (row, &d) in sides.iter().zip(&source) {
+            rows[d as usize].get_or_insert_with(|| (*row).clone());
+        }
+        let rows: Vec<JointRow> = rows.into_iter().flatten().collect();
+        let features = rm.features(&rows, SCORE_BATCH)?;
         let pick = |side: usize| -> Result<Tensor> {
             let idx: Vec<u32> = source.iter().skip(side).step_by(2).copied().collect();
             Ok(features.index_select(&Tensor::new(idx.as_slice(), features.device())?, 0)?)
@@ -384,7 +392,7 @@ fn log_held_out(s: PairStats, num_pairs: usize, num_items: usize, run_dir: &RunD
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reward_model::tests::{test_row as row, tiny_reward_model};
+    use crate::reward_model::tests::{test_joint_row as row, tiny_reward_model};
 
     #[test]
     fn pair_features_of_shared_texts_score_each_side_as_the_backbone_does() {
@@ -396,8 +404,8 @@ mod tests {
             .collect();
         let f = PairFeatures::of(&rm, &pairs).unwrap().unwrap();
         let (w, l) = f.scores(&rm, &[4, 0, 2]).unwrap();
-        let direct = |side: fn(&EncodedPair) -> &Vec<u32>| {
-            let rows: Vec<Vec<u32>> = [4, 0, 2].iter().map(|&i| side(&pairs[i]).clone()).collect();
+        let direct = |side: fn(&EncodedPair) -> &JointRow| {
+            let rows: Vec<JointRow> = [4, 0, 2].iter().map(|&i| side(&pairs[i]).clone()).collect();
             values(&rm.score_rows(&rows, Mode::Infer).unwrap()).unwrap()
         };
         for (got, want) in [(values(&w).unwrap(), direct(|p| &p.winner)), (values(&l).unwrap(), direct(|p| &p.loser))] {

@@ -510,8 +510,8 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
             let reward_prompts = collab.reward_prompts(item, prompts)?;
             let mut score = |joints: &[Vec<String>]| -> Result<(Vec<f64>, Vec<f64>)> {
                 if let Some(rm) = &scorer_rm {
-                    let texts: Vec<String> = joints.iter().map(|x| rm.text(prompts, x)).collect();
-                    let s = rm.score_texts(&texts)?;
+                    let rows = joints.iter().map(|x| rm.encode(prompts, x)).collect::<Result<Vec<_>>>()?;
+                    let s = rm.score(&rows, rows.len())?;
                     if let Some(bad) = s.iter().find(|v| !v.is_finite()) {
                         bail!("the reward model scored a candidate of train item {} {bad}", index(j));
                     }

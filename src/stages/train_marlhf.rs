@@ -302,16 +302,13 @@ pub(super) fn mean(xs: &[f64]) -> f64 {
 
 /// The reward model's score of every joint response, `[item][sample]`, without gradients.
 pub(super) fn joint_scores(rm: &JointRewardModel, out: &Rollout) -> Result<Vec<Vec<f64>>> {
-    let mut texts = Vec::new();
+    let mut rows = Vec::new();
     for (j, responses) in out.responses.iter().enumerate() {
         for s in 0..responses.len() {
-            texts.push(rm.text(&out.prompts[j], &out.texts(j, s)));
+            rows.push(rm.encode(&out.prompts[j], &out.texts(j, s))?);
         }
     }
-    let mut scores = Vec::with_capacity(texts.len());
-    for part in texts.chunks(SCORE_BATCH) {
-        scores.extend(rm.score_texts(part)?);
-    }
+    let scores = rm.score(&rows, SCORE_BATCH)?;
     if let Some(bad) = scores.iter().position(|s| !s.is_finite()) {
         bail!("the reward model scored joint response {bad} of this buffer {}: not a usable reward", scores[bad]);
     }

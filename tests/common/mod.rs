@@ -51,6 +51,14 @@ pub fn fixtures() -> PathBuf {
     repo().join("tests/fixtures")
 }
 
+/// The tensor names in a safetensors file, sorted.
+pub fn safetensors_names(path: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> =
+        candle_core::safetensors::load(path, &candle_core::Device::Cpu).unwrap().into_keys().collect();
+    names.sort();
+    names
+}
+
 /// Largest absolute elementwise difference, as f32.
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     (a - b)
