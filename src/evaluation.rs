@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
-use crate::algo::trend::{item_means, MeanSe};
+use crate::algo::trend::{item_means, paired_gain, MeanSe};
 use crate::config::{Config, EvalSplit};
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
@@ -192,6 +192,119 @@ fn stderr_over_items(rewards: &[f64], k: usize) -> f64 {
     MeanSe::of(&means).se
 }
 
+/// One `pbrl eval` report as the history reads it.
+pub struct PastEval {
+    pub team: String,
+    pub reward_mean: f64,
+    pub reward_stderr: f64,
+    /// Each item's mean over its samples, with the item (what pairs two evaluations).
+    pub item_means: Vec<(String, f64)>,
+    pub samples_per_item: u64,
+}
+
+/// The evaluations of a run directory (`<run_dir>/eval/eval-*.json`), oldest first.
+pub struct EvalHistory {
+    pub reports: Vec<PastEval>,
+}
+
+impl EvalHistory {
+    pub fn read(dir: &std::path::Path) -> Result<Self> {
+        let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("eval-") && n.ends_with(".json"))
+            })
+            .collect();
+        // Names are UTC timestamps (`eval-20261204T011712Z[-k].json`): their order is the runs' order.
+        files.sort_by_key(|p| report_order(p));
+        let mut reports = Vec::with_capacity(files.len());
+        for f in files {
+            let bytes = std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?;
+            let v: serde_json::Value =
+                serde_json::from_slice(&bytes).with_context(|| format!("{}: not an eval report", f.display()))?;
+            reports.push(PastEval::of(&v));
+        }
+        Ok(Self { reports })
+    }
+
+    /// The last evaluation's gain over the first, paired by prompt: when both scored the same
+    /// items, as many samples each.
+    pub fn gain_over_first(&self) -> Option<MeanSe> {
+        let (first, last) = (self.reports.first()?, self.reports.last()?);
+        let same_items = first.item_means.len() == last.item_means.len()
+            && first.item_means.iter().zip(&last.item_means).all(|(a, b)| a.0 == b.0)
+            && first.samples_per_item == last.samples_per_item;
+        (self.reports.len() >= 2 && same_items && !first.item_means.is_empty()).then(|| {
+            let values = |r: &PastEval| r.item_means.iter().map(|m| m.1).collect::<Vec<f64>>();
+            paired_gain(&values(first), &values(last))
+        })
+    }
+
+    /// Each evaluation's mean ± s.e. in order; the title names the first and the last team and
+    /// the paired gain between them.
+    pub fn svg(&self, run_dir: &std::path::Path) -> String {
+        let x = |i: usize| (i + 1) as f64;
+        let line = |f: &dyn Fn(&PastEval) -> f64| -> Vec<(f64, f64)> {
+            self.reports.iter().enumerate().map(|(i, r)| (x(i), f(r))).collect()
+        };
+        let panel = crate::plot::Panel {
+            title: "eval/turn_1/reward_mean ± s.e. over items".into(),
+            series: vec![
+                ("mean".into(), line(&|r| r.reward_mean)),
+                ("+1 s.e.".into(), line(&|r| r.reward_mean + r.reward_stderr)),
+                ("-1 s.e.".into(), line(&|r| r.reward_mean - r.reward_stderr)),
+            ],
+        };
+        let describe = |r: &PastEval| format!("{} {:.3}", r.team, r.reward_mean);
+        let mut title = format!("pbrl eval: {}", run_dir.display());
+        if let (Some(first), Some(last)) = (self.reports.first(), self.reports.last()) {
+            title += &format!(": {} -> {}", describe(first), describe(last));
+        }
+        if let Some(g) = self.gain_over_first() {
+            title += &format!(" (paired gain {:+.3} ± {:.3})", g.mean, g.se);
+        }
+        crate::plot::line_panels(&title, "evaluation", &[panel])
+    }
+}
+
+impl PastEval {
+    /// From a report's JSON; fields a report of an older pbrl lacks read as unknown.
+    fn of(v: &serde_json::Value) -> Self {
+        let metric = |k: &str| v["metrics"][k].as_f64().unwrap_or(f64::NAN);
+        let mut item_means: Vec<(String, f64, usize)> = Vec::new();
+        for r in v["items"].as_array().into_iter().flatten() {
+            let (item, reward) = (r["item"].to_string(), r["reward"].as_f64().unwrap_or(f64::NAN));
+            // Records are item-major: an item's samples are consecutive.
+            match item_means.last_mut() {
+                Some(last) if last.0 == item => {
+                    last.1 += reward;
+                    last.2 += 1;
+                }
+                _ => item_means.push((item, reward, 1)),
+            }
+        }
+        Self {
+            team: v["team"].as_str().unwrap_or("?").to_string(),
+            reward_mean: metric("eval/turn_1/reward_mean"),
+            reward_stderr: metric("eval/turn_1/reward_stderr"),
+            item_means: item_means.into_iter().map(|(i, s, n)| (i, s / n as f64)).collect(),
+            samples_per_item: v["samples_per_item"].as_u64().unwrap_or(0),
+        }
+    }
+}
+
+/// A report's place in time: its timestamp, then its `-k` suffix (`eval-T.json` before `eval-T-2.json`).
+fn report_order(p: &std::path::Path) -> (String, u64) {
+    let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    match stem.rsplit_once('-') {
+        Some((t, k)) if t.contains('T') && k.chars().all(|c| c.is_ascii_digit()) => {
+            (t.to_string(), k.parse().unwrap_or(0))
+        }
+        _ => (stem.to_string(), 1),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,5 +332,35 @@ mod tests {
         assert_eq!(eval_seed(42, 3, 1, 0), derive_seed(42, &[purpose::EVAL, 3, 1]));
         assert_ne!(eval_seed(42, 3, 1, 1), eval_seed(42, 3, 1, 0));
         assert_ne!(eval_seed(42, 3, 1, 1), eval_seed(42, 3, 1, 2));
+    }
+
+    #[test]
+    fn the_history_pairs_the_last_evaluation_with_the_first_by_item() {
+        let dir = tempfile::tempdir().unwrap();
+        let report = |team: &str, rewards: [f64; 4]| {
+            let items: Vec<serde_json::Value> = rewards
+                .iter()
+                .enumerate()
+                .map(|(k, r)| json!({"item": {"prompt": format!("p{}", k / 2)}, "sample": k % 2, "reward": r}))
+                .collect();
+            let mean = rewards.iter().sum::<f64>() / 4.0;
+            json!({"metrics": {"eval/turn_1/reward_mean": mean, "eval/turn_1/reward_stderr": 0.1}, "team": team,
+                "samples_per_item": 2, "items": items})
+        };
+        let write = |name: &str, v: serde_json::Value| std::fs::write(dir.path().join(name), v.to_string()).unwrap();
+        // Named out of order on purpose: `-2` is the second report of the same second.
+        write("eval-20261204T010000Z-2.json", report("agents", [1.0, 1.0, 0.5, 0.7]));
+        write("eval-20261204T010000Z.json", report("base", [0.2, 0.4, 0.5, 0.5]));
+        std::fs::write(dir.path().join("eval_reward.svg"), "not a report").unwrap();
+        let h = EvalHistory::read(dir.path()).unwrap();
+        assert_eq!(h.reports.iter().map(|r| r.team.as_str()).collect::<Vec<_>>(), ["base", "agents"]);
+        // Item means 0.3, 0.5 then 1.0, 0.6: gains 0.7 and 0.1, mean 0.4, s.e. 0.3.
+        let g = h.gain_over_first().unwrap();
+        assert!((g.mean - 0.4).abs() < 1e-12 && (g.se - 0.3).abs() < 1e-12, "{g:?}");
+        let svg = h.svg(std::path::Path::new("runs/x"));
+        assert!(svg.contains("base 0.400 -&gt; agents 0.800 (paired gain +0.400 ± 0.300)"), "{svg}");
+        // Other items (or sample counts) are not paired.
+        write("eval-20261204T020000Z.json", json!({"metrics": {}, "items": [{"item": "q", "reward": 1.0}]}));
+        assert!(EvalHistory::read(dir.path()).unwrap().gain_over_first().is_none());
     }
 }

@@ -218,6 +218,13 @@ fn eval_chooses_its_team() {
     assert_ne!(base, current, "the trained team answers differently from the base models");
     assert_eq!(eval("run/agents"), current, "a saved team directory is the same team");
     assert_eq!(eval("base"), base, "the base models, whatever the run trained");
+    // Each eval adds to the run's history: 4 so far, base first; the last (base again, the
+    // same samples) gains exactly 0 over the first.
+    let o = ok(pbrl(&["eval", "--config", "c.toml", "task.eval_file=train.jsonl", "--team", "base"], d));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("gain over the first eval of this run directory (base): +0.0000 ± 0.0000"), "{out}");
+    let svg = std::fs::read_to_string(d.join("run/eval/eval_reward.svg")).unwrap();
+    assert!(svg.contains("base") && svg.contains("evaluation 5"), "{svg}");
     let o = pbrl(&["eval", "--config", "c.toml", "task.eval_file=train.jsonl", "--team", "nowhere"], d);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("nowhere"));

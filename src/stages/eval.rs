@@ -8,13 +8,16 @@
 //!    tagged joint response, parsed into the roles' outputs);
 //! 3. score each joint response; report the mean as `eval/turn_1/reward_mean` and its standard
 //!    error over items (`eval/turn_1/reward_stderr`);
-//! 4. write `<run_dir>/eval/eval-<UTC timestamp>.json`, a metrics line, and a table on stdout.
+//! 4. write `<run_dir>/eval/eval-<UTC timestamp>.json`, a metrics line, and a table on stdout;
+//! 5. the run directory's evaluations so far, in order (the quickstart's: the base team, then the
+//!    trained one): `<run_dir>/eval/eval_reward.svg` (each one's mean ± s.e.), and, when the
+//!    first one scored the same items with as many samples, the gain over it paired by prompt.
 use anyhow::{Context, Result};
 use serde_json::json;
 
 use crate::config::Config;
-use crate::evaluation::{eval_items, evaluate};
-use crate::run::{atomic_create, RunDir};
+use crate::evaluation::{eval_items, evaluate, EvalHistory};
+use crate::run::{atomic_create, atomic_write, RunDir};
 use crate::task::reward::build_reward;
 use crate::team::{load_members, Members};
 
@@ -33,7 +36,14 @@ pub fn run(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<EvalRepo
     let started = std::time::Instant::now();
     let outcome = evaluate(cfg, &team, &items, reward.as_mut(), processor, cfg.seed)?;
     let (mean, stderr) = (outcome.reward_mean(), outcome.reward_stderr);
-    let report = json!({"metrics": outcome.metrics(), "items": outcome.records});
+    let team_label = match members {
+        Members::Base => "base".to_string(),
+        Members::Current if run_dir.root.join("agents").is_dir() => "agents".to_string(),
+        Members::Current => "base".to_string(),
+        Members::Saved(dir) => dir.display().to_string(),
+    };
+    let report = json!({"metrics": outcome.metrics(), "team": team_label,
+        "samples_per_item": cfg.eval_samples_per_item, "items": outcome.records});
     let stem = chrono::Utc::now().format("eval-%Y%m%dT%H%M%SZ").to_string();
     let path = write_new_report(&run_dir.eval(), &stem, serde_json::to_string_pretty(&report)?.as_bytes())?;
     run_dir.log_metrics(&outcome.with_metrics(json!({
@@ -53,6 +63,17 @@ pub fn run(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<EvalRepo
     );
     println!("report: {}", path.display());
     let item_means = outcome.item_means(cfg.eval_samples_per_item as usize);
+    let history = EvalHistory::read(&run_dir.eval())?;
+    if let Some(gain) = history.gain_over_first() {
+        println!(
+            "gain over the first eval of this run directory ({}): {:+.4} ± {:.4} (paired by prompt, {} items)",
+            history.reports[0].team,
+            gain.mean,
+            gain.se,
+            items.len()
+        );
+    }
+    atomic_write(&run_dir.eval().join("eval_reward.svg"), history.svg(&run_dir.root).as_bytes())?;
     Ok(EvalReport { reward_mean: mean, reward_stderr: stderr, item_means, path })
 }
 
