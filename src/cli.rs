@@ -44,6 +44,9 @@ pub struct EvalArgs {
     /// `base` (the configured models), or a directory holding a saved team (a run's agents/).
     #[arg(long, value_name = "current|base|DIR", default_value = "current")]
     pub team: String,
+    /// Print every joint response (a row per item and sample), not the first few.
+    #[arg(long)]
+    pub table: bool,
 }
 
 #[derive(Debug, Args)]

@@ -114,7 +114,7 @@ fn run(cli: Cli) -> Result<()> {
                 "base" => Members::Base,
                 dir => Members::Saved(dir.into()),
             };
-            pbrl::stages::eval::run(&cfg, &run_dir, &members)?;
+            pbrl::stages::eval::run(&cfg, &run_dir, &members, args.table)?;
         }
     }
     Ok(())

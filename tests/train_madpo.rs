@@ -223,8 +223,19 @@ fn eval_chooses_its_team() {
     let o = ok(pbrl(&["eval", "--config", "c.toml", "task.eval_file=train.jsonl", "--team", "base"], d));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("gain over the first eval of this run directory (base): +0.0000 ± 0.0000"), "{out}");
+    // 4 items x 4 samples: the first 4 joint responses printed, the rest with `--table`.
+    let o = ok(pbrl(&["eval", "--config", "c.toml", "task.eval_file=train.jsonl", "eval_samples_per_item=4"], d));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let rows = |out: &str| out.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit())).count();
+    assert_eq!(rows(&out), 4, "{out}");
+    assert!(out.contains("12 more in the report (`--table` prints them all)"), "{out}");
+    let table = ["eval", "--config", "c.toml", "task.eval_file=train.jsonl", "eval_samples_per_item=4", "--table"];
+    let o = ok(pbrl(&table, d));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(rows(&out), 16, "{out}");
+    assert!(!out.contains("gain over the first eval"), "4 samples per item are not paired with 1: {out}");
     let svg = std::fs::read_to_string(d.join("run/eval/eval_reward.svg")).unwrap();
-    assert!(svg.contains("base") && svg.contains("evaluation 5"), "{svg}");
+    assert!(svg.contains("base") && svg.contains("evaluation 7"), "{svg}");
     let o = pbrl(&["eval", "--config", "c.toml", "task.eval_file=train.jsonl", "--team", "nowhere"], d);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("nowhere"));

@@ -8,7 +8,8 @@
 //!    tagged joint response, parsed into the roles' outputs);
 //! 3. score each joint response; report the mean as `eval/turn_1/reward_mean` and its standard
 //!    error over items (`eval/turn_1/reward_stderr`);
-//! 4. write `<run_dir>/eval/eval-<UTC timestamp>.json`, a metrics line, and a table on stdout;
+//! 4. write `<run_dir>/eval/eval-<UTC timestamp>.json` (every joint response), a metrics line,
+//!    and on stdout the first few joint responses (`--table`: all of them) and the mean;
 //! 5. the run directory's evaluations so far, in order (the quickstart's: the base team, then the
 //!    trained one): `<run_dir>/eval/eval_reward.svg` (each one's mean ± s.e.), and, when the
 //!    first one scored the same items with as many samples, the gain over it paired by prompt.
@@ -29,7 +30,7 @@ pub struct EvalReport {
     pub path: std::path::PathBuf,
 }
 
-pub fn run(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<EvalReport> {
+pub fn run(cfg: &Config, run_dir: &RunDir, members: &Members, full_table: bool) -> Result<EvalReport> {
     let items = eval_items(cfg)?.context("eval_num_samples is 0: nothing to evaluate")?;
     let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
     let team = load_members(cfg, run_dir, members)?;
@@ -53,7 +54,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<EvalRepo
     })))?;
     let records = &outcome.records;
 
-    print_table(records, cfg.eval_samples_per_item as usize);
+    print_table(records, cfg.eval_samples_per_item as usize, if full_table { records.len() } else { EXAMPLE_ROWS });
     println!("eval/turn_1/reward_mean     {mean:.4}");
     println!("eval/turn_1/expected_return {mean:.4}");
     println!(
@@ -94,10 +95,14 @@ fn write_new_report(dir: &std::path::Path, stem: &str, bytes: &[u8]) -> Result<s
     unreachable!("an unused report name exists")
 }
 
-/// One row per joint response: the item's index (and the sample's, with several per item).
-fn print_table(records: &[serde_json::Value], samples_per_item: usize) {
+/// Joint responses `pbrl eval` prints without `--table`.
+const EXAMPLE_ROWS: usize = 4;
+
+/// One row per joint response, the first `rows` of them: the item's index (and the sample's,
+/// with several per item).
+fn print_table(records: &[serde_json::Value], samples_per_item: usize, rows: usize) {
     println!("{:>6}  {:>8}  completion lengths (chars) and openings", "item", "reward");
-    for (i, r) in records.iter().enumerate() {
+    for (i, r) in records.iter().enumerate().take(rows) {
         let label = if samples_per_item > 1 {
             format!("{}.{}", i / samples_per_item, i % samples_per_item)
         } else {
@@ -113,5 +118,8 @@ fn print_table(records: &[serde_json::Value], samples_per_item: usize) {
             })
             .collect();
         println!("{label:>6}  {:>8.4}  {}", r["reward"].as_f64().unwrap_or(f64::NAN), cells.join(" | "));
+    }
+    if records.len() > rows {
+        println!("   ...  {} more in the report (`--table` prints them all)", records.len() - rows);
     }
 }

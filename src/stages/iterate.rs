@@ -334,7 +334,7 @@ fn evaluate_round(cfg: &Config, run_dir: &RunDir) -> Result<Option<RoundEval>> {
         return Ok(None);
     }
     let t = std::time::Instant::now();
-    let report = super::eval::run(cfg, run_dir, &Members::Current)?;
+    let report = super::eval::run(cfg, run_dir, &Members::Current, false)?;
     let secs = t.elapsed().as_secs_f64();
     Ok(Some(RoundEval { mean: report.reward_mean, stderr: report.reward_stderr, item_means: report.item_means, secs }))
 }
