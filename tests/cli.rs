@@ -98,8 +98,9 @@ fn eval_runs_end_to_end_on_the_real_model() {
     assert!(o.status.success(), "{}", stderr(&o));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("eval/turn_1/reward_mean"), "{stdout}");
-    let reports: Vec<_> = std::fs::read_dir(d.join("run/eval")).unwrap().map(|e| e.unwrap().path()).collect();
+    let reports = common::eval_reports(&d.join("run"));
     assert_eq!(reports.len(), 1);
+    assert!(d.join("run/eval/eval_reward.svg").is_file(), "the run's evaluations drawn");
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&reports[0]).unwrap()).unwrap();
     let items = r["items"].as_array().unwrap();
     assert_eq!(items.len(), 2);
@@ -121,20 +122,19 @@ fn eval_runs_end_to_end_on_the_real_model() {
     // Same config and seed: the same completions (a second report, the first kept).
     let o = pbrl(&["eval", "--config", &cfg], d);
     assert!(o.status.success(), "{}", stderr(&o));
-    let mut reports: Vec<_> = std::fs::read_dir(d.join("run/eval")).unwrap().map(|e| e.unwrap().path()).collect();
-    reports.sort();
+    let reports = common::eval_reports(&d.join("run"));
     assert_eq!(reports.len(), 2);
     let again: serde_json::Value = serde_json::from_slice(&std::fs::read(&reports[1]).unwrap()).unwrap();
     assert_eq!(again["items"], r["items"]);
 
     // Three samples per item: six joint responses; each item's first sample is the one-sample run's.
-    let o = pbrl(&["eval", "--config", &cfg, "eval_samples_per_item=3"], d);
+    let o = pbrl(&["eval", "--config", &cfg, "eval_samples_per_item=3", "--table"], d);
     assert!(o.status.success(), "{}", stderr(&o));
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(table.lines().any(|l| l.trim_start().starts_with("1.2 ")), "rows are labelled item.sample: {table}");
-    let three = std::fs::read_dir(d.join("run/eval"))
-        .unwrap()
-        .map(|e| serde_json::from_slice::<serde_json::Value>(&std::fs::read(e.unwrap().path()).unwrap()).unwrap())
+    let three = common::eval_reports(&d.join("run"))
+        .into_iter()
+        .map(|p| serde_json::from_slice::<serde_json::Value>(&std::fs::read(p).unwrap()).unwrap())
         .find(|rep| rep["items"].as_array().unwrap().len() == 6)
         .expect("a report with 2 items x 3 samples");
     let records = three["items"].as_array().unwrap();

@@ -51,6 +51,17 @@ pub fn fixtures() -> PathBuf {
     repo().join("tests/fixtures")
 }
 
+/// The eval reports (`eval-*.json`) in a run directory's `eval/`, in name (time) order.
+pub fn eval_reports(run: &std::path::Path) -> Vec<PathBuf> {
+    let mut reports: Vec<PathBuf> = std::fs::read_dir(run.join("eval"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    reports.sort();
+    reports
+}
+
 /// The tensor names in a safetensors file, sorted.
 pub fn safetensors_names(path: &std::path::Path) -> Vec<String> {
     let mut names: Vec<String> =
