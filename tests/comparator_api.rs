@@ -158,6 +158,28 @@ fn each_format_sends_the_reference_request_and_reads_its_answer() {
     assert!(r.body.get("temperature").is_none());
 }
 
+/// A server that asks for a wait no `Duration` holds (or none at all) gets pbrl's longest wait,
+/// never a panic; the backoff after any number of tries stays at its cap.
+#[test]
+fn huge_or_zero_retry_after_and_long_backoffs_are_capped() {
+    let ok = Reply::Json(200, json!({"completions": ["fine"]}));
+    let (url, seen) = server(vec![Reply::RetryAfter(429, "1e20"), Reply::RetryAfter(429, "0"), ok]);
+    let mut s = settings(&url, ApiFormat::Generic);
+    s.retry.max_retry_after = Duration::from_millis(300);
+    let started = Instant::now();
+    let out = ApiComparator::new(s).complete("w", 0, &json!({}), 1, SAMPLING).unwrap();
+    assert_eq!(out, vec!["fine"]);
+    assert_eq!(seen.lock().unwrap().len(), 3);
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(5), "{waited:?}");
+    let policy = RetryPolicy { max_attempts: 100, ..settings(&url, ApiFormat::Generic).retry };
+    for attempt in [0, 1, 63, 64, 65, 1024, u32::MAX] {
+        assert!(policy.backoff(attempt) <= policy.max_delay, "try {attempt}");
+    }
+    assert_eq!(policy.backoff(0), Duration::from_millis(20));
+    assert_eq!(policy.backoff(2), Duration::from_millis(80));
+}
+
 #[test]
 fn transient_faults_are_retried_and_the_last_one_is_a_clear_error() {
     let ok = Reply::Json(200, json!({"completions": ["fine"]}));

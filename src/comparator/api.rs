@@ -79,6 +79,15 @@ pub struct RetryPolicy {
     pub max_retry_after: Duration,
 }
 
+impl RetryPolicy {
+    /// The wait after failed try `attempt` (from 0): `base_delay`·2^attempt, at most `max_delay`
+    /// (computed without overflow however many tries there were).
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let doubled = self.base_delay.as_secs_f64() * 2f64.powi(attempt.min(1023) as i32);
+        Duration::try_from_secs_f64(doubled).map_or(self.max_delay, |d| d.min(self.max_delay))
+    }
+}
+
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
@@ -234,7 +243,7 @@ impl ApiComparator {
             match self.try_once(&body) {
                 Ok(v) => return Ok(v),
                 Err(f) if f.transient && attempt + 1 < attempts => {
-                    let backoff = s.retry.base_delay.mul_f64(2f64.powi(attempt as i32)).min(s.retry.max_delay);
+                    let backoff = s.retry.backoff(attempt);
                     let wait = match f.retry_after {
                         Some(r) => r.min(s.retry.max_retry_after),
                         None => backoff.mul_f64(rand::rng().random_range(0.5..=1.0)),
@@ -289,7 +298,8 @@ impl ApiComparator {
                     .header("Retry-After")
                     .and_then(|v| v.trim().parse::<f64>().ok())
                     .filter(|v| v.is_finite() && *v >= 0.0)
-                    .map(Duration::from_secs_f64);
+                    // Beyond what a Duration holds (1e20 s): the longest wait pbrl takes anyway.
+                    .map(|v| Duration::try_from_secs_f64(v).unwrap_or(Duration::MAX));
                 let text = resp.into_string().unwrap_or_default();
                 let message = match code {
                     402 => format!("HTTP 402 (insufficient balance): {}", head(&text)),

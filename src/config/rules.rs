@@ -3,6 +3,18 @@
 use super::{err, Config, ConfigError, DeviceSpec, EvalSplit};
 use crate::reward_model::RewardHeadKind;
 
+/// The longest wait any timeout may ask for: a week (a `Duration` holds it; 1e20 s it cannot).
+const MAX_SECONDS: f64 = 604_800.0;
+/// The widest hidden layer of a head (a value or reward head): 65,536 units are already
+/// hundreds of MB of weights on a 4k-wide backbone, and a typo (1e11) must not reach an
+/// allocation of terabytes.
+const MAX_HEAD_WIDTH: i64 = 65_536;
+/// Rounds of `iterate` (each a collection and a training): far more than a run can do, few
+/// enough that no count wraps.
+const MAX_ITERATIONS: i64 = 100_000;
+/// Tries of one comparator API request.
+const MAX_API_ATTEMPTS: i64 = 100;
+
 impl Config {
     /// Reference §2.3 replay rules (aliases normalized), in the reference's order and words.
     fn validate_replay(&mut self) -> Result<(), ConfigError> {
@@ -176,7 +188,7 @@ impl Config {
         if !self.reward.scale.is_finite() || !self.reward.shift.is_finite() {
             return err("reward.scale and reward.shift must be finite numbers.");
         }
-        if !(self.reward_timeout_s > 0.0 && self.reward_timeout_s <= 604_800.0) {
+        if !(self.reward_timeout_s > 0.0 && self.reward_timeout_s <= MAX_SECONDS) {
             return err("reward_timeout_s must be a positive number of seconds, at most a week (604800).");
         }
         if self.agent_learning_rate <= 0.0 {
@@ -243,7 +255,9 @@ impl Config {
             (RewardHeadKind::LastToken, Some(_)) => {
                 return err("reward_head_hidden sets the hidden layer of reward_head = \"pooled_mlp\"; the last-token head has none.");
             }
-            (_, Some(d)) if !(1..=65536).contains(&d) => return err("reward_head_hidden must be in [1, 65536]."),
+            (_, Some(d)) if !(1..=MAX_HEAD_WIDTH).contains(&d) => {
+                return err(format!("reward_head_hidden must be in [1, {MAX_HEAD_WIDTH}]."));
+            }
             _ => {}
         }
         if !(0..=64).contains(&self.reward_fresh_samples) {
@@ -259,8 +273,8 @@ impl Config {
     /// The iterative keys (reference `_validate_iterative_config`, §2.3): the comparator's
     /// policy and generation mode with their aliases, and which keys each policy takes.
     fn validate_iterative(&mut self) -> Result<(), ConfigError> {
-        if self.num_iterations < 1 {
-            return err("num_iterations must be >= 1.");
+        if !(1..=MAX_ITERATIONS).contains(&self.num_iterations) {
+            return err(format!("num_iterations must be in [1, {MAX_ITERATIONS}]."));
         }
         self.algorithm = self.algorithm.trim().to_lowercase();
         if !matches!(self.algorithm.as_str(), "madpo" | "marlhf") {
@@ -296,11 +310,11 @@ impl Config {
         if self.comparator_api_max_n_per_request.is_some_and(|n| n < 1) {
             return err("comparator_api_max_n_per_request must be null or >= 1.");
         }
-        if !(self.comparator_api_timeout > 0.0 && self.comparator_api_timeout.is_finite()) {
-            return err("comparator_api_timeout must be a positive number of seconds.");
+        if !(self.comparator_api_timeout > 0.0 && self.comparator_api_timeout <= MAX_SECONDS) {
+            return err("comparator_api_timeout must be a positive number of seconds, at most a week (604800).");
         }
-        if self.comparator_api_max_attempts < 1 {
-            return err("comparator_api_max_attempts must be >= 1.");
+        if !(1..=MAX_API_ATTEMPTS).contains(&self.comparator_api_max_attempts) {
+            return err(format!("comparator_api_max_attempts must be in [1, {MAX_API_ATTEMPTS}]."));
         }
         self.preference_scoring_reward = match self.preference_scoring_reward.trim().to_lowercase().as_str() {
             "task" | "oracle" | "environment" | "env" => "task",
@@ -382,8 +396,8 @@ impl Config {
             ("critic_value_head_hidden_dim", self.critic_value_head_hidden_dim),
             ("value_head_hidden_dim", self.value_head_hidden_dim),
         ] {
-            if dim.is_some_and(|d| d < 1) {
-                return err(format!("{key} must be >= 1 or null (null: no hidden layer)."));
+            if dim.is_some_and(|d| !(1..=MAX_HEAD_WIDTH).contains(&d)) {
+                return err(format!("{key} must be in [1, {MAX_HEAD_WIDTH}] or null (null: no hidden layer)."));
             }
         }
         if self.critic_devices.is_some() {

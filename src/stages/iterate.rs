@@ -705,6 +705,7 @@ fn api_settings(cfg: &Config) -> Result<ApiSettings> {
         format: ApiFormat::parse(&cfg.comparator_api_format)?,
         model: cfg.comparator_api_model.clone(),
         max_n_per_request: cfg.comparator_api_max_n_per_request.map(|n| n as usize),
+        // Validated: positive, at most a week.
         timeout: std::time::Duration::from_secs_f64(cfg.comparator_api_timeout),
         headers: cfg.comparator_api_headers.clone().unwrap_or_default().into_iter().collect(),
         key,
