@@ -189,7 +189,11 @@ impl JointRewardModel {
                 info_path.display()
             ),
         };
-        Ok(Self { backbone, head, num_agents: info.num_agents, max_length: info.max_length, device: device.clone() })
+        let rm =
+            Self { backbone, head, num_agents: info.num_agents, max_length: info.max_length, device: device.clone() };
+        // The head's weights are in the backbone's VarMap: one check covers both.
+        crate::run::team::refuse_non_finite(&format!("the reward model in {}", dir.display()), &rm.backbone)?;
+        Ok(rm)
     }
 
     pub fn kind(&self) -> RewardHeadKind {

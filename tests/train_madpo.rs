@@ -236,6 +236,21 @@ fn eval_chooses_its_team() {
     assert!(!out.contains("gain over the first eval"), "4 samples per item are not paired with 1: {out}");
     let svg = std::fs::read_to_string(d.join("run/eval/eval_reward.svg")).unwrap();
     assert!(svg.contains("base") && svg.contains("evaluation 7"), "{svg}");
+    // A saved team with a NaN weight is refused, naming the agent and the weight.
+    let status = std::process::Command::new("cp").arg("-r").arg(d.join("run/agents")).arg(d.join("nan_team")).status();
+    assert!(status.unwrap().success());
+    let file = d.join("nan_team/agent_1/model.safetensors");
+    let mut weights = candle_core::safetensors::load(&file, &candle_core::Device::Cpu).unwrap();
+    let name = weights.keys().min().unwrap().clone();
+    let bad = (weights[&name].ones_like().unwrap() * f64::NAN).unwrap();
+    weights.insert(name.clone(), bad);
+    candle_core::safetensors::save(&weights, &file).unwrap();
+    let o = pbrl(&["eval", "--config", "c.toml", "task.eval_file=train.jsonl", "--team", "nan_team"], d);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && e.contains("agent 1 from") && e.contains(&format!("`{name}` has non-finite")),
+        "{e}"
+    );
     let o = pbrl(&["eval", "--config", "c.toml", "task.eval_file=train.jsonl", "--team", "nowhere"], d);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("nowhere"));

@@ -159,6 +159,7 @@ pub fn load_as(team: &[Agent], sources: &[String], devices: &[String], what: &st
             let device = parse_device(d, what)?;
             let model = LoadedModel::load(source, &device)
                 .with_context(|| format!("loading {what} `{source}` for agent {}", a.index))?;
+            crate::run::team::refuse_non_finite(&format!("{what} `{source}`"), &model)?;
             Ok(a.with_model(model, device))
         })
         .collect()
@@ -214,6 +215,7 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
             tracing::info!(agent = i, %source, "loading agent");
             let mut model =
                 LoadedModel::load(&source, &device).with_context(|| format!("loading agent {i} from `{source}`"))?;
+            crate::run::team::refuse_non_finite(&format!("agent {i} from `{source}`"), &model)?;
             model.tokenizer.template_kwargs = template_kwargs.clone();
             Ok(Agent { index: i, model, device, recipe: recipe(i), chat_template: cfg.task.chat_template })
         })
