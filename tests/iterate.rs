@@ -106,6 +106,10 @@ fn three_rounds_against_the_current_team_then_an_exact_resume() {
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("pass --resume"));
     let o = pbrl(&["iterate", "--config", "c.toml", "--resume", "dpo_beta=0.5"], d);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("dpo_beta"), "{o:?}");
+    // Fewer rounds than the run has done: refused (its team is the third round's).
+    let o = pbrl(&["iterate", "--config", "c.toml", "--resume", "num_iterations=2"], d);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("already has 3 rounds, more than num_iterations = 2"), "{e}");
 }
 
 #[test]

@@ -142,6 +142,18 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
         if !changed.is_empty() {
             bail!("--resume: the run was started under a different setup ({})", changed.join("; "));
         }
+        // Rounds only add up: the team on disk is the last round's, which fewer rounds cannot undo.
+        let last = existing_rounds(&cfg.replay_dir())?.into_iter().max().unwrap_or(0);
+        let done = (1..=last).rev().find(|&r| summary_path(run_dir, r).exists()).unwrap_or(0);
+        if u64::from(last.max(done)) > cfg.num_iterations as u64 {
+            bail!(
+                "--resume: the run already has {} rounds, more than num_iterations = {}; resume with num_iterations >= {} \
+                 (the rounds only add up)",
+                last.max(done),
+                cfg.num_iterations,
+                last.max(done)
+            );
+        }
     } else {
         // (a start killed before its fingerprint was written left nothing to continue)
         if fingerprint_path.exists() || run_dir.agents().exists() || !existing_rounds(&cfg.replay_dir())?.is_empty() {
