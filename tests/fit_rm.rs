@@ -119,6 +119,32 @@ fn the_pooled_head_orders_its_pairs_and_is_saved_as_one() {
     assert!(head.contains(&"reward_head.pre_projection.0.weight".to_string()), "{head:?}");
 }
 
+/// Pairs of another team's size (here one agent's, for a team of two) are refused, as
+/// `train-madpo` refuses them, not fitted on cut or padded joint texts.
+#[test]
+fn rounds_of_another_team_size_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "");
+    let path = d.join("run/preference_replay/iteration_0001.json");
+    let mut round: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    for p in round["pairs"].as_array_mut().unwrap() {
+        for key in ["prompts", "winner_completions", "loser_completions", "winner_finished", "loser_finished"] {
+            p[key].as_array_mut().unwrap().truncate(1);
+        }
+    }
+    std::fs::write(&path, round.to_string()).unwrap();
+    for stage in ["fit-rm", "train-madpo"] {
+        let o = pbrl(&[stage, "--config", "c.toml"], d);
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && e.contains("1 actors' prompts but this team has 2 (num_agents 2"),
+            "{stage}: {e}"
+        );
+    }
+    assert!(!d.join("run/reward_model").exists());
+}
+
 #[test]
 fn a_frozen_backbone_is_saved_unchanged() {
     let dir = tempfile::tempdir().unwrap();

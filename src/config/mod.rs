@@ -660,6 +660,11 @@ impl Config {
 
     /// The reward model's backbone source and device (reference §7.1: `reward_model_name`, else
     /// the actors' model; the device: `reward_model_device`, else the first actor's).
+    /// The team's shape, for errors: "num_agents 2, collaboration_mode decentralized".
+    pub fn team_setup(&self) -> String {
+        format!("num_agents {}, collaboration_mode {}", self.num_agents, self.collaboration_mode)
+    }
+
     /// The reward head's hidden layer width (pooled head).
     pub fn reward_head_hidden(&self) -> usize {
         self.reward_head_hidden.map_or(DEFAULT_REWARD_HEAD_HIDDEN, |d| d as usize)

@@ -87,6 +87,16 @@ impl RoundFile {
     }
 }
 
+/// Refuse pairs of another team's size: every pair must have one prompt (and completion) per
+/// actor of the team that trains on it (`n`; `team` describes it in the error), or the
+/// training would read cut or padded joint responses.
+pub fn check_actors(pairs: &[PreferencePair], n: usize, team: &str) -> Result<()> {
+    if let Some(bad) = pairs.iter().position(|p| p.prompts.len() != n) {
+        bail!("selected pair {bad} has {} actors' prompts but this team has {n} ({team})", pairs[bad].prompts.len());
+    }
+    Ok(())
+}
+
 /// `<dir>/iteration_NNNN.json`.
 pub fn round_path(dir: &Path, iteration: u32) -> PathBuf {
     dir.join(format!("iteration_{iteration:04}.json"))

@@ -36,7 +36,7 @@ use crate::device::parse_device;
 use crate::model::batch::distinct_rows;
 use crate::model::{LoadedModel, Mode};
 use crate::prefs::replay::training_pairs;
-use crate::prefs::{round_path, PreferencePair};
+use crate::prefs::{check_actors, round_path, PreferencePair};
 use crate::reward_model::{JointRewardModel, JointRow};
 use crate::rng::{derive_seed, purpose};
 use crate::run::{atomic_write, RunDir};
@@ -109,6 +109,7 @@ pub fn run(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
         println!("no non-tied preference pairs in the selected rounds; no reward model was fitted");
         return Ok(FitReport { updates: 0, num_pairs: 0, held_out: None, fresh_rank: None });
     }
+    check_actors(&pairs, cfg.num_actors(), &cfg.team_setup())?;
     // Whole items are held out (all pairs of one prompt set together, across rounds too): a pair
     // whose prompt also has pairs in the fit measures memory of that prompt, not how the model
     // ranks the responses to a prompt it never saw.

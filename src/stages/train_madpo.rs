@@ -27,7 +27,7 @@ use crate::config::Config;
 use crate::model::scoring::{LastToken, ScoreRow};
 use crate::model::Mode;
 use crate::prefs::replay::training_pairs;
-use crate::prefs::{round_path, PreferencePair};
+use crate::prefs::{check_actors, round_path, PreferencePair};
 use crate::run::checkpoint::EvalPoint;
 use crate::run::fingerprint::Fingerprint;
 use crate::run::RunDir;
@@ -74,14 +74,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainR
         return Ok(TrainReport { updates: 0, num_pairs: 0 });
     }
     let n = cfg.num_actors();
-    if let Some(bad) = pairs.iter().position(|p| p.prompts.len() != n) {
-        bail!(
-            "pair {bad} has {} actors' prompts but this team has {n} (num_agents {}, collaboration_mode {})",
-            pairs[bad].prompts.len(),
-            cfg.num_agents,
-            cfg.collaboration_mode
-        );
-    }
+    check_actors(&pairs, n, &cfg.team_setup())?;
     let team = load_team(cfg, run_dir)?;
     let last = scorer(Collaboration::from_config(cfg).is_centralized(), cfg.score_last_token);
     let max_new = cfg.max_new_tokens();
