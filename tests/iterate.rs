@@ -183,9 +183,11 @@ fn an_api_comparator_and_its_key() {
             let mut body = vec![0; len];
             reader.read_exact(&mut body).unwrap();
             let req: serde_json::Value = serde_json::from_slice(&body).unwrap();
-            let n = req["n"].as_u64().unwrap_or(1) as usize;
+            // The first answer far longer than max_new_tokens (5); model "short": one answer too few.
+            let n = req["n"].as_u64().unwrap_or(1) as usize - usize::from(req["model"] == "short");
+            let words = |k: usize| if k == 0 { 40 } else { k + 1 };
             let choices: Vec<serde_json::Value> =
-                (0..n).map(|k| serde_json::json!({"message": {"content": "w5 ".repeat(k + 1)}})).collect();
+                (0..n).map(|k| serde_json::json!({"message": {"content": "w5 ".repeat(words(k))}})).collect();
             let text = serde_json::json!({"choices": choices}).to_string();
             let head = format!(
                 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -224,6 +226,22 @@ fn an_api_comparator_and_its_key() {
         assert!(!text.contains("sk-iterate-secret"), "the key is in {}", entry.display());
     }
     assert!(!String::from_utf8_lossy(&o.stderr).contains("sk-iterate-secret"));
+    // Overlong answers are cut at max_new_tokens, and counted.
+    let words = round.pairs.iter().flat_map(|p| p.winner_completions.iter().chain(&p.loser_completions));
+    assert!(words.map(|c| c.split_whitespace().count()).max().unwrap() <= 5);
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("run/iterate/round_0001.json")).unwrap()).unwrap();
+    assert!(summary["comparator_truncated"].as_u64().unwrap() >= 1, "{summary}");
+    // Fewer answers than asked: an error, never empty responses in the round.
+    let o = std::process::Command::new(common::pbrl_bin())
+        .args(["iterate", "--config", "c.toml", "--run-dir", "short", "comparator_api_model=short"])
+        .current_dir(d)
+        .env("PBRL_THREADS", "1")
+        .env("PBRL_TEST_KEY", "sk-iterate-secret")
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("returned 3 completions for agent 0, 4 were asked"), "{e}");
     // Without the variable: a clear error naming it.
     let o = pbrl(&["iterate", "--config", "c.toml", "--run-dir", "nokey"], d);
     assert!(String::from_utf8_lossy(&o.stderr).contains("PBRL_TEST_KEY"), "{o:?}");

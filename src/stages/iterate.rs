@@ -77,6 +77,9 @@ pub struct RoundSummary {
     /// Centralized comparator replies without any role section.
     #[serde(default)]
     pub comparator_unparsed: usize,
+    /// API comparator replies longer than `max_new_tokens`, cut there.
+    #[serde(default)]
+    pub comparator_truncated: usize,
     pub eval_reward_mean: Option<f64>,
     pub eval_reward_stderr: Option<f64>,
     /// Each eval prompt's mean reward, in the eval file's order (absent in summaries written
@@ -181,6 +184,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
             comparator_reward_mean: None,
             train_pairs: 0,
             comparator_unparsed: 0,
+            comparator_truncated: 0,
             eval_reward_mean: eval.as_ref().map(|e| e.mean),
             eval_reward_stderr: eval.as_ref().map(|e| e.stderr),
             eval_item_means: eval.as_ref().map(|e| e.item_means.clone()),
@@ -224,6 +228,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
             comparator_reward_mean: Some(stats.comparator_mean),
             train_pairs,
             comparator_unparsed: stats.comparator_unparsed,
+            comparator_truncated: stats.comparator_truncated,
             eval_reward_mean: eval.as_ref().map(|e| e.mean),
             eval_reward_stderr: eval.as_ref().map(|e| e.stderr),
             eval_item_means: eval.as_ref().map(|e| e.item_means.clone()),
@@ -371,6 +376,7 @@ fn finish_round(cfg: &Config, run_dir: &RunDir, mut s: RoundSummary) -> Result<R
         "iter/current_reward_mean": s.current_reward_mean, "iter/comparator_reward_mean": s.comparator_reward_mean,
         "iter/eval_reward_mean": s.eval_reward_mean, "iter/eval_reward_stderr": s.eval_reward_stderr,
         "iter/round_s": s.collect_s + s.train_s + s.eval_s, "iter/comparator_unparsed": s.comparator_unparsed,
+        "iter/comparator_truncated": s.comparator_truncated,
         "iter/eval_gain": trend(|t| t.gain).map(|v| v[0]), "iter/eval_gain_stderr": trend(|t| t.gain).map(|v| v[1]),
         "iter/eval_gain_after_round_1": trend(|t| t.gain_after_round_1).map(|v| v[0]),
         "iter/eval_gain_after_round_1_stderr": trend(|t| t.gain_after_round_1).map(|v| v[1]),
@@ -408,6 +414,8 @@ struct RoundStats {
     comparator_mean: f64,
     /// Centralized comparator replies without any role section (scored as empty roles).
     comparator_unparsed: usize,
+    /// API replies cut at `max_new_tokens`.
+    comparator_truncated: usize,
 }
 
 /// The statistics of a round file written before a cut-short round was resumed.
@@ -429,6 +437,7 @@ fn round_stats_from_file(path: &Path) -> Result<RoundStats> {
         current_mean: mean(&|p| p.target_raw_reward),
         comparator_mean: mean(&|p| p.comparator_raw_reward),
         comparator_unparsed: 0,
+        comparator_truncated: 0,
     })
 }
 
@@ -459,7 +468,7 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
     let bar = progress::bar(items.len() as u64, "iterate: compare");
     let (mut pairs, mut raw_cur, mut raw_cmp, mut sel_cur, mut sel_cmp) = (vec![], vec![], vec![], vec![], vec![]);
     let mut current_wins = 0;
-    let mut unparsed = 0usize;
+    let (mut unparsed, mut truncated) = (0usize, 0usize);
     let centralized_cmp = cfg.comparator_generation_mode == "centralized" && cfg.collaboration_mode != "centralized";
     for (b, batch) in items.chunks(batch_items).enumerate() {
         let first = b * batch_items;
@@ -514,7 +523,7 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
                 let out = rollout(t.agents(), &batch_items, n_cmp, &params, seed(purpose::COMPARATOR), |_| {})?;
                 joint_texts(&out, n_cmp)
             }
-            Comparator::Api(api) => api_texts(cfg, api, &team, &batch_items, n_cmp)?,
+            Comparator::Api(api) => api_texts(cfg, api, &team, &batch_items, n_cmp, &mut truncated)?,
         };
         let cur_joints = joint_texts(&cur, n_cur);
         for (j, item) in batch_items.iter().enumerate() {
@@ -579,9 +588,13 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
         current_mean: raw_cur.iter().sum::<f64>() / raw_cur.len().max(1) as f64,
         comparator_mean: raw_cmp.iter().sum::<f64>() / raw_cmp.len().max(1) as f64,
         comparator_unparsed: unparsed,
+        comparator_truncated: truncated,
     };
     if unparsed > 0 {
         tracing::warn!(round, unparsed, "centralized comparator replies without any <agent_i> section");
+    }
+    if truncated > 0 {
+        tracing::warn!(round, truncated, "comparator API replies longer than max_new_tokens, cut there");
     }
     RoundFile::new(round, pairs).save_new(&round_path(&cfg.replay_dir(), round))?;
     // Every round: both sides' histograms over `reward_range`, else over the round's own range.
@@ -616,14 +629,33 @@ fn api_texts(
     team: &[Agent],
     items: &[TaskItem],
     n: usize,
+    truncated: &mut usize,
 ) -> Result<Vec<Vec<Vec<String>>>> {
     let mut out = Vec::with_capacity(items.len());
     for item in items {
         let mut per_agent = Vec::with_capacity(team.len());
         for (a, prompt) in role_prompts(cfg, item, team.len())?.iter().enumerate() {
             let item_json = serde_json::to_value(item)?;
-            let mut texts = api.complete(prompt, a, &item_json, n, request_sampling(cfg, a))?;
-            texts.resize(n, String::new());
+            let sampling = request_sampling(cfg, a);
+            let mut texts = api.complete(prompt, a, &item_json, n, sampling)?;
+            // Fewer answers than asked would leave empty responses in the round as if written.
+            if texts.len() < n {
+                bail!(
+                    "the comparator API returned {} completions for agent {a}, {n} were asked (prompt `{}`)",
+                    texts.len(),
+                    prompt.chars().take(60).collect::<String>()
+                );
+            }
+            texts.truncate(n);
+            // An answer may not be longer than the team's may: cut at max_new_tokens of the
+            // actor's own tokenizer (the round then compares like with like, and stays small).
+            for text in &mut texts {
+                let ids = team[a].model.tokenizer.encode(text)?;
+                if ids.len() > sampling.max_new_tokens {
+                    *text = team[a].model.tokenizer.decode(&ids[..sampling.max_new_tokens])?;
+                    *truncated += 1;
+                }
+            }
             per_agent.push(texts);
         }
         out.push((0..n).map(|k| per_agent.iter().map(|t| t[k].clone()).collect()).collect());
