@@ -35,6 +35,9 @@ const NOT_IN_FINGERPRINT: &[&str] = &[
     "collect_batch_size",
     "reward_fresh_samples",
     "task.eval_file",
+    // How patient the API comparator is: after an outage a resume may wait longer.
+    "comparator_api_timeout",
+    "comparator_api_max_attempts",
 ];
 
 /// The keys of [`NOT_IN_FINGERPRINT`] that decide which agents `keep_best` saves.
@@ -134,8 +137,10 @@ impl Fingerprint {
                 }
             })
         };
+        // A key that no longer counts (a fingerprint written before it was left out) is no change.
+        let never_counts = |k: &str| NOT_IN_FINGERPRINT.contains(&k) && !KEEP_BEST_KEYS.contains(&k);
         keys.into_iter()
-            .filter(|k| self.0.get(*k) != now.0.get(*k))
+            .filter(|k| !never_counts(k) && self.0.get(*k) != now.0.get(*k))
             .map(|k| format!("{k}: {} → {}", show(self.0.get(k)), show(now.0.get(k))))
             .collect()
     }
@@ -169,5 +174,13 @@ mod tests {
         let fc = Fingerprint::of_training(&c, &[], &[]).unwrap();
         let fd = Fingerprint::of_training(&d, &[], &[]).unwrap();
         assert!(fc.differences(&fd).iter().any(|l| l.starts_with("eval_interval")), "{:?}", fc.differences(&fd));
+        // Retry settings may change on a resume, also against a fingerprint written when they counted.
+        let mut e = a.clone();
+        (e.comparator_api_timeout, e.comparator_api_max_attempts) = (600.0, 20);
+        let fe = Fingerprint::of_training(&e, &[], &[]).unwrap();
+        assert!(fa.differences(&fe).is_empty(), "{:?}", fa.differences(&fe));
+        let mut old = fa.clone();
+        old.0.insert("comparator_api_timeout".into(), "120.0".into());
+        assert!(old.differences(&fe).is_empty(), "{:?}", old.differences(&fe));
     }
 }
