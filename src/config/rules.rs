@@ -203,8 +203,9 @@ impl Config {
             return err("collect_batch_size must be >= 1.");
         }
         if let Some([lo, hi]) = self.reward_range {
-            if !(lo.is_finite() && hi.is_finite() && lo < hi) {
-                return err("reward_range must be [min, max] with min < max.");
+            // The histogram's bins are (hi - lo) / bins wide: that width must be a finite number.
+            if !(lo < hi && (hi - lo).is_finite()) {
+                return err("reward_range must be [min, max] with min < max and max - min finite.");
             }
         }
         if self.log_reward_distribution && self.reward_range.is_none() {
