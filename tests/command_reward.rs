@@ -22,7 +22,7 @@ fn python(code: &str) -> Vec<String> {
 #[test]
 fn example_program_equals_the_builtin_reward() {
     let script = common::repo().join("examples/rewards/length_ratio.py");
-    let mut cmd = CommandReward::spawn(&["python3".into(), script.display().to_string()], 30.0).unwrap();
+    let mut cmd = CommandReward::spawn(&["python3".into(), script.display().to_string()], &[], 30.0).unwrap();
     let prompts = vec!["p0".to_string(), "p1".to_string()];
     let got = cmd.score_batch(&item(), &prompts, &joints()).unwrap();
     let mut builtin = LengthRatio { target_min: 2.0, target_max: 3.0 };
@@ -35,9 +35,24 @@ fn example_program_equals_the_builtin_reward() {
 }
 
 fn failure(code: &str, timeout_s: f64) -> String {
-    let mut cmd = CommandReward::spawn(&python(code), timeout_s).unwrap();
+    let mut cmd = CommandReward::spawn(&python(code), &[], timeout_s).unwrap();
     let prompts = vec!["p0".to_string(), "p1".to_string()];
     format!("{:#}", cmd.score_batch(&item(), &prompts, &joints()).unwrap_err())
+}
+
+/// A reward program gets PATH, HOME, LANG and what `reward.env` names, nothing else of pbrl's
+/// environment (cargo sets CARGO_MANIFEST_DIR for this test process; an API key would be alike).
+#[test]
+fn a_reward_program_gets_a_minimal_environment() {
+    let code = "import sys, json, os\nfor line in sys.stdin:\n    n = len(json.loads(line)['items'])\n    \
+                r = 10.0 * ('PATH' in os.environ) + ('CARGO_MANIFEST_DIR' in os.environ) + 100.0 * ('CARGO_PKG_NAME' in os.environ)\n    \
+                print(json.dumps({'rewards': [r] * n}), flush=True)";
+    assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some(), "run under cargo test");
+    let prompts = vec!["p0".to_string(), "p1".to_string()];
+    let mut minimal = CommandReward::spawn(&python(code), &[], 10.0).unwrap();
+    assert_eq!(minimal.score(&item(), &prompts, &joints()[0]).unwrap(), 10.0);
+    let mut named = CommandReward::spawn(&python(code), &["CARGO_MANIFEST_DIR".into()], 10.0).unwrap();
+    assert_eq!(named.score(&item(), &prompts, &joints()[0]).unwrap(), 11.0);
 }
 
 #[test]
@@ -53,7 +68,7 @@ fn failing_programs_give_clear_errors() {
     assert!(e.contains("answered `not json`"), "{e}");
     let e = failure(&format!("{read}    print(json.dumps({{'rewards': [float('nan')] * n}}), flush=True)"), 10.0);
     assert!(e.contains("not {\"rewards\": [numbers]}") || e.contains("non-finite"), "{e}");
-    let e = format!("{:#}", CommandReward::spawn(&["/nonexistent/reward-program".into()], 1.0).err().unwrap());
+    let e = format!("{:#}", CommandReward::spawn(&["/nonexistent/reward-program".into()], &[], 1.0).err().unwrap());
     assert!(e.contains("cannot start reward command `/nonexistent/reward-program`"), "{e}");
 }
 
@@ -68,7 +83,7 @@ fn the_reward_programs_children_do_not_outlive_it() {
          for line in sys.stdin:\n    n = len(json.loads(line)['completions'][0])\n    print(json.dumps({{'rewards': [0.0] * n}}), flush=True)\n",
         pidfile.display().to_string()
     );
-    let mut cmd = CommandReward::spawn(&python(&code), 30.0).unwrap();
+    let mut cmd = CommandReward::spawn(&python(&code), &[], 30.0).unwrap();
     cmd.score_batch(&item(), &["p".into(), "q".into()], &joints()).unwrap();
     let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
     drop(cmd);

@@ -208,6 +208,15 @@ impl Config {
                 return err("reward_range must be [min, max] with min < max and max - min finite.");
             }
         }
+        if let (Some(key), Some(toml::Value::Array(names))) =
+            (&self.comparator_api_key_env, self.reward.params.get("env"))
+        {
+            if self.reward.kind == "command" && names.iter().any(|n| n.as_str() == Some(key.as_str())) {
+                return err(format!(
+                    "reward.env names `{key}`, the comparator's API key variable: a reward program never gets it."
+                ));
+            }
+        }
         if self.log_reward_distribution && self.reward_range.is_none() {
             return err("log_reward_distribution needs reward_range = [min, max] (the histogram's range).");
         }

@@ -141,6 +141,10 @@ fn each_rule_reports_its_message() {
         ("checkpoint_interval = -1", "checkpoint_interval must be >= 0"),
         ("checkpoint_total_limit = 0", "checkpoint_total_limit must be null or >= 1."),
         ("reward_range = [1.0, 0.0]", "reward_range must be [min, max] with min < max and max - min finite."),
+        (
+            "comparator_api_key_env = \"MY_KEY\"\n[reward]\nkind = \"command\"\ncommand = [\"x\"]\nenv = [\"LC_ALL\", \"MY_KEY\"]",
+            "reward.env names `MY_KEY`, the comparator's API key variable",
+        ),
         ("reward_range = [-1e308, 1e308]", "reward_range must be [min, max] with min < max and max - min finite."),
         ("log_reward_distribution = true", "log_reward_distribution needs reward_range = [min, max]"),
     ];

@@ -22,7 +22,14 @@ use super::TaskItem;
 pub struct CommandParams {
     /// The program and its arguments, e.g. `["python3", "rewards/my_reward.py"]`.
     pub command: Vec<String>,
+    /// Environment variables the program gets besides [`BASE_ENV`] (by name; unset ones are
+    /// left out). Nothing else of pbrl's environment reaches it: no API key, no token.
+    #[serde(default)]
+    pub env: Vec<String>,
 }
+
+/// The variables every reward program gets (when set): enough to find and run an interpreter.
+pub const BASE_ENV: &[&str] = &["PATH", "HOME", "LANG"];
 
 pub struct CommandReward {
     name: String,
@@ -36,13 +43,22 @@ pub struct CommandReward {
 const STDERR_TAIL: usize = 2000;
 
 impl CommandReward {
-    pub fn spawn(command: &[String], timeout_s: f64) -> Result<Self> {
+    /// Start `command` with a minimal environment: [`BASE_ENV`] and the variables `env` names.
+    pub fn spawn(command: &[String], env: &[String], timeout_s: f64) -> Result<Self> {
         let (prog, args) =
             command.split_first().context("reward.command is empty: give the program and its arguments")?;
         let name = command.join(" ");
+        let passed: Vec<(String, std::ffi::OsString)> = BASE_ENV
+            .iter()
+            .map(|v| v.to_string())
+            .chain(env.iter().cloned())
+            .filter_map(|v| std::env::var_os(&v).map(|x| (v, x)))
+            .collect();
         // Its own process group, so that ending it ends every process it started too.
         let mut child = Command::new(prog)
             .args(args)
+            .env_clear()
+            .envs(passed)
             .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

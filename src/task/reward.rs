@@ -103,7 +103,7 @@ pub fn build_reward(cfg: &RewardConfig, timeout_s: f64) -> Result<(Box<dyn TaskR
         }
         "command" => {
             let c: super::command::CommandParams = params(cfg)?;
-            Box::new(super::command::CommandReward::spawn(&c.command, timeout_s)?)
+            Box::new(super::command::CommandReward::spawn(&c.command, &c.env, timeout_s)?)
         }
         other => {
             bail!("unknown reward kind `{other}` (known: length_ratio, tldr_length, numeric_answer, keywords, command)")
