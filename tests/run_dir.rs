@@ -144,6 +144,73 @@ fn leftovers_of_killed_commands_are_swept() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// Nothing outside the run directory is truncated, appended to or removed through a symbolic
+/// link: the lock and the metrics are refused as links, the sweep does not enter a linked
+/// directory nor follow a linked temporary, a temporary name linked outside is replaced.
+#[test]
+fn no_file_outside_the_run_directory_changes_through_a_link() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_train_epochs = 1");
+    let outside = d.join("outside");
+    std::fs::create_dir_all(outside.join("rounds")).unwrap();
+    let victim = outside.join("victim.txt");
+    std::fs::write(&victim, "precious").unwrap();
+    let unchanged = || assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+
+    // The lock file as a link: refused, the target untouched.
+    let lock = d.join("run/.pbrl.lock");
+    std::fs::remove_file(&lock).unwrap();
+    symlink(&victim, &lock).unwrap();
+    let e = err(&pbrl(&["eval", "--config", "c.toml"], d));
+    assert!(e.contains(".pbrl.lock (a symbolic link there is refused)"), "{e}");
+    unchanged();
+    std::fs::remove_file(&lock).unwrap();
+
+    // metrics.jsonl as a link: refused, the target untouched.
+    let metrics = d.join("run/metrics.jsonl");
+    let _ = std::fs::remove_file(&metrics);
+    symlink(&victim, &metrics).unwrap();
+    let e = err(&pbrl(&["eval", "--config", "c.toml"], d));
+    assert!(e.contains("metrics.jsonl (a symbolic link there is refused)"), "{e}");
+    unchanged();
+    std::fs::remove_file(&metrics).unwrap();
+
+    // A dead process's temporaries: in a linked directory (kept), and one that is itself a link
+    // to an outside directory (the link removed, the directory kept).
+    let stale_outside = outside.join("rounds/.iteration_0009.json.tmp-4194305");
+    std::fs::write(&stale_outside, "not ours").unwrap();
+    symlink(outside.join("rounds"), d.join("run/linked_rounds")).unwrap();
+    symlink(&outside, d.join("run/.agents.tmp-4194305")).unwrap();
+    // A temporary name a writer will use, planted as a link to the victim: replaced, not followed.
+    let planted = d.join(format!("run/.notes.txt.tmp-{}", std::process::id()));
+    symlink(&victim, &planted).unwrap();
+    pbrl::run::atomic_write(&d.join("run/notes.txt"), b"mine").unwrap();
+    unchanged();
+    ok(pbrl(&["eval", "--config", "c.toml"], d));
+    assert!(stale_outside.is_file(), "a linked directory is not swept");
+    assert!(!d.join("run/.agents.tmp-4194305").exists() && victim.is_file(), "the link went, not its target");
+    unchanged();
+}
+
+/// Saved agents keep the user's umask (027 here: no access for others).
+#[test]
+fn saved_agents_keep_the_users_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_train_epochs = 1");
+    let cmd = format!("umask 027 && exec '{}' train-madpo --config c.toml", common::pbrl_bin().display());
+    let o =
+        std::process::Command::new("sh").args(["-c", &cmd]).current_dir(d).env("PBRL_THREADS", "1").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for f in ["model.safetensors", "config.json", "tokenizer.json"] {
+        let mode = std::fs::metadata(d.join("run/agents/agent_0").join(f)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640, "{f}: {mode:o}");
+    }
+}
+
 #[test]
 fn eval_reports_of_the_same_second_get_distinct_names() {
     let dir = tempfile::tempdir().unwrap();

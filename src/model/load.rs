@@ -196,8 +196,11 @@ impl LoadedModel {
             .tokenizer
             .save(tmp.join("tokenizer.json"), false)
             .map_err(|e| anyhow::anyhow!("saving tokenizer.json: {e}"))?;
+        // Files copied from a read-only source (a hub cache) would stay read-only: every file
+        // gets what a new file gets, read-write under the user's umask.
+        let mode = 0o666 & !crate::run::atomic::umask();
         for entry in std::fs::read_dir(tmp)? {
-            std::fs::set_permissions(entry?.path(), std::fs::Permissions::from_mode(0o644))?;
+            std::fs::set_permissions(entry?.path(), std::fs::Permissions::from_mode(mode))?;
         }
         Ok(())
     }

@@ -20,7 +20,10 @@ fn write_temp(path: &Path, bytes: &[u8]) -> Result<PathBuf> {
     std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     let tmp = temp_sibling(path, "tmp")?;
     let written = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
+        // A new file, never one that exists (a link planted at the temporary name would make
+        // File::create write through it).
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()
     })();
@@ -103,6 +106,15 @@ pub fn pid_alive(pid: u32) -> bool {
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// The process's umask (Linux reports it in /proc/self/status; elsewhere the common 022).
+pub fn umask() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Umask:").map(|v| v.trim().to_string())))
+        .and_then(|v| u32::from_str_radix(&v, 8).ok())
+        .unwrap_or(0o022)
+}
+
 /// The pid in a temporary name `.NAME.tmp-PID` / `.NAME.old-PID`.
 fn temp_pid(name: &str) -> Option<u32> {
     if !name.starts_with('.') {
@@ -118,8 +130,10 @@ fn temp_pid(name: &str) -> Option<u32> {
 pub fn sweep_stale(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
     let mut dirs = vec![dir.to_path_buf()];
+    // Real subdirectories only: a symlinked one (rounds on another disk) is not swept, so no
+    // file outside the run directory is ever removed.
     if let Ok(entries) = std::fs::read_dir(dir) {
-        dirs.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+        dirs.extend(entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()));
     }
     for d in dirs {
         let Ok(entries) = std::fs::read_dir(&d) else { continue };
@@ -130,7 +144,9 @@ pub fn sweep_stale(dir: &Path) -> Result<Vec<PathBuf>> {
                 continue;
             }
             let p = e.path();
-            let r = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+            // A link is removed itself, never followed.
+            let real_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            let r = if real_dir { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
             r.with_context(|| format!("removing the stale temporary {}", p.display()))?;
             removed.push(p);
         }

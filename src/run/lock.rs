@@ -4,6 +4,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -24,8 +25,9 @@ impl RunLock {
             .write(true)
             .create(true)
             .truncate(false)
+            .custom_flags(libc::O_NOFOLLOW) // never through a link: its target would be rewritten
             .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
+            .with_context(|| format!("opening {} (a symbolic link there is refused)", path.display()))?;
         // SAFETY: flock on a file descriptor we own.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc != 0 {

@@ -54,11 +54,13 @@ impl RunDir {
         use std::io::Write;
         let path = self.metrics();
         std::fs::create_dir_all(&self.root).with_context(|| format!("creating {}", self.root.display()))?;
+        use std::os::unix::fs::OpenOptionsExt;
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .custom_flags(libc::O_NOFOLLOW) // never appended through a link to another file
             .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
+            .with_context(|| format!("opening {} (a symbolic link there is refused)", path.display()))?;
         writeln!(f, "{}", serde_json::to_string(record)?).with_context(|| format!("writing {}", path.display()))?;
         Ok(())
     }
