@@ -38,6 +38,21 @@ fn a_partial_team_is_an_error_not_a_base_model() {
     setup(d, "num_train_epochs = 1");
     ok(pbrl(&["train-madpo", "--config", "c.toml"], d));
     assert!(d.join("run/agents/team.json").is_file());
+    // A manifest that lists more agents than the team has, or one outside the team directory.
+    let manifest = std::fs::read_to_string(d.join("run/agents/team.json")).unwrap();
+    for (agents, want) in [
+        (r#"["agent_0", "agent_1", "agent_1"]"#, "lists 3 agents for a team of 2"),
+        (r#"["agent_0", "../agents/agent_1"]"#, "agent `../agents/agent_1` is not a subdirectory"),
+        (r#"["agent_0", "/tmp"]"#, "agent `/tmp` is not a subdirectory"),
+    ] {
+        let v: serde_json::Value = serde_json::from_str(&manifest).unwrap();
+        let mut v = v.as_object().unwrap().clone();
+        v.insert("agents".into(), serde_json::from_str(agents).unwrap());
+        std::fs::write(d.join("run/agents/team.json"), serde_json::to_string(&v).unwrap()).unwrap();
+        let e = err(&pbrl(&["eval", "--config", "c.toml"], d));
+        assert!(e.contains(want), "{agents}: {e}");
+    }
+    std::fs::write(d.join("run/agents/team.json"), &manifest).unwrap();
     // A kill between two agents' renames (what pbrl before whole-team saves could leave).
     std::fs::remove_dir_all(d.join("run/agents/agent_1")).unwrap();
     let e = err(&pbrl(&["eval", "--config", "c.toml"], d));

@@ -132,6 +132,21 @@ pub fn saved_team(dir: &Path, n: usize) -> Result<Option<Vec<PathBuf>>> {
     if manifest.num_actors != n {
         bail!("{} holds a team of {} actors but this config has {n}", dir.display(), manifest.num_actors);
     }
+    if manifest.agents.len() != n {
+        bail!(
+            "{}: the team manifest lists {} agents for a team of {n}",
+            manifest_path.display(),
+            manifest.agents.len()
+        );
+    }
+    // Each agent is a plain subdirectory of the team's: no absolute path, no `..`, no link out.
+    let plain = |a: &str| {
+        let p = Path::new(a);
+        p.components().count() == 1 && matches!(p.components().next(), Some(std::path::Component::Normal(_)))
+    };
+    if let Some(bad) = manifest.agents.iter().find(|a| !plain(a) || dir.join(a).is_symlink()) {
+        bail!("{}: agent `{bad}` is not a subdirectory of the team directory", manifest_path.display());
+    }
     let paths: Vec<PathBuf> = manifest.agents.iter().map(|a| dir.join(a)).collect();
     if let Some(missing) = paths.iter().find(|p| !p.join("config.json").is_file()) {
         bail!("{}: the team manifest lists {} but it is missing or incomplete", dir.display(), missing.display());
