@@ -232,6 +232,24 @@ fn an_api_comparator_and_its_key() {
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(d.join("run/iterate/round_0001.json")).unwrap()).unwrap();
     assert!(summary["comparator_truncated"].as_u64().unwrap() >= 1, "{summary}");
+    // A bad API format is found before the run directory records anything: the corrected
+    // command then runs there.
+    let run_in = |extra: &[&str]| {
+        let mut args = vec!["iterate", "--config", "c.toml", "--run-dir", "fixed"];
+        args.extend_from_slice(extra);
+        std::process::Command::new(common::pbrl_bin())
+            .args(&args)
+            .current_dir(d)
+            .env("PBRL_THREADS", "1")
+            .env("PBRL_TEST_KEY", "sk-iterate-secret")
+            .output()
+            .unwrap()
+    };
+    let o = run_in(&["comparator_api_format=bogus"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("bogus"), "{e}");
+    assert!(!d.join("fixed/iterate").exists() && !d.join("fixed/eval").exists());
+    assert!(run_in(&[]).status.success(), "the corrected command runs in the same directory");
     // Fewer answers than asked: an error, never empty responses in the round.
     let o = std::process::Command::new(common::pbrl_bin())
         .args(["iterate", "--config", "c.toml", "--run-dir", "short", "comparator_api_model=short"])

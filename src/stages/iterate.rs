@@ -132,6 +132,15 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
     if cfg.comparator_policy == "api" && cfg.collaboration_mode == "centralized" {
         bail!("comparator_policy = \"api\" with a centralized actor: choose a model-based comparator_policy");
     }
+    // Everything a round will need is checked before the run directory records anything, so a
+    // mistake found here leaves it usable for the corrected command.
+    let items = train_items(cfg)?;
+    if items.is_empty() {
+        bail!("no train items to compare on");
+    }
+    if cfg.comparator_policy == "api" {
+        api_settings(cfg)?; // the format, the URL, the key's variable
+    }
     let state = state_dir(run_dir);
     let fingerprint = iterate_fingerprint(cfg)?;
     let fingerprint_path = state.join("fingerprint.json");
@@ -167,10 +176,6 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
             );
         }
         atomic_write(&fingerprint_path, &serde_json::to_vec_pretty(&fingerprint)?)?;
-    }
-    let items = train_items(cfg)?;
-    if items.is_empty() {
-        bail!("no train items to compare on");
     }
     let started = std::time::Instant::now();
     if !summary_path(run_dir, 0).exists() {
