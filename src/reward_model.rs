@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::algo::bradley_terry::{joint_text, joint_text_with_responses};
 use crate::model::batch::{PaddedBatch, Padding};
 use crate::model::heads::{last_token_hidden, pair_last_token_hidden, ScalarHead, ValueHead};
+use crate::model::tokenizer::ByteRange;
 use crate::model::{LoadedModel, Mode};
 
 /// The head's prefix in the backbone's `VarMap` (and in `reward_head.safetensors`).
@@ -347,7 +348,7 @@ fn pooled_width(num_agents: usize, hidden: usize) -> usize {
 
 /// The tokens whose bytes overlap `span` (a response's tokens are contiguous; a token that
 /// straddles its edge counts as its own), empty for an empty response.
-fn tokens_within(offsets: &[(usize, usize)], span: &Range<usize>) -> Range<usize> {
+fn tokens_within(offsets: &[ByteRange], span: &Range<usize>) -> Range<usize> {
     let inside = |&(s, e): &(usize, usize)| e > s && s < span.end && e > span.start;
     match (offsets.iter().position(inside), offsets.iter().rposition(inside)) {
         (Some(first), Some(last)) => first..last + 1,

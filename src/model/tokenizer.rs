@@ -15,6 +15,9 @@ use tokenizers::Tokenizer;
 use super::chat_template::{ChatTemplate, Message};
 use super::load::SourceFiles;
 
+/// A token's (start, end) byte offsets in the text it was read from.
+pub type ByteRange = (usize, usize);
+
 /// The special tokens transformers hands a chat template (its `special_tokens_map`), by name.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SpecialTokens {
@@ -108,7 +111,7 @@ impl ChatTokenizer {
 
     /// [`ChatTokenizer::encode_with_special_tokens`] and each token's byte range in `text`
     /// (an added special token's is empty).
-    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<ByteRange>)> {
         let enc = self.tokenizer.encode(text, true).map_err(|e| anyhow!("tokenizer: {e}"))?;
         Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec()))
     }
