@@ -174,23 +174,16 @@ fn no_file_outside_the_run_directory_changes_through_a_link() {
     std::fs::write(&victim, "precious").unwrap();
     let unchanged = || assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
 
-    // The lock file as a link: refused, the target untouched.
-    let lock = d.join("run/.pbrl.lock");
-    std::fs::remove_file(&lock).unwrap();
-    symlink(&victim, &lock).unwrap();
-    let e = err(&pbrl(&["eval", "--config", "c.toml"], d));
-    assert!(e.contains(".pbrl.lock (a symbolic link there is refused)"), "{e}");
-    unchanged();
-    std::fs::remove_file(&lock).unwrap();
-
-    // metrics.jsonl as a link: refused, the target untouched.
-    let metrics = d.join("run/metrics.jsonl");
-    let _ = std::fs::remove_file(&metrics);
-    symlink(&victim, &metrics).unwrap();
-    let e = err(&pbrl(&["eval", "--config", "c.toml"], d));
-    assert!(e.contains("metrics.jsonl (a symbolic link there is refused)"), "{e}");
-    unchanged();
-    std::fs::remove_file(&metrics).unwrap();
+    // The lock file and the metrics as links: refused, the target untouched.
+    for name in [".pbrl.lock", "metrics.jsonl"] {
+        let link = d.join("run").join(name);
+        let _ = std::fs::remove_file(&link);
+        symlink(&victim, &link).unwrap();
+        let e = err(&pbrl(&["eval", "--config", "c.toml"], d));
+        assert!(e.contains(&format!("{name} (a symbolic link there is refused)")), "{e}");
+        unchanged();
+        std::fs::remove_file(&link).unwrap();
+    }
 
     // A dead process's temporaries: in a linked directory (kept), and one that is itself a link
     // to an outside directory (the link removed, the directory kept).
