@@ -1,6 +1,7 @@
 //! Evaluation with the task reward: every held-out item answered `eval_samples_per_item` times
 //! by the team, each joint response scored (after reward_processor); the mean and its standard
-//! error over items. Used by `pbrl eval` and by the periodic evaluation during training.
+//! error over items. Used by `pbrl eval` and `iterate` (`evaluate_run`: a team of the run directory,
+//! recorded there) and by the periodic evaluation during training (`evaluate`).
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
@@ -8,12 +9,13 @@ use crate::algo::trend::{item_means, paired_gain, MeanSe};
 use crate::config::{Config, EvalSplit};
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
-use crate::task::reward::{RewardProcessor, TaskReward};
+use crate::run::{atomic_create, atomic_write, RunDir};
+use crate::task::reward::{build_reward, RewardProcessor, TaskReward};
 use crate::task::split::held_out_items;
 use crate::task::{load_items, TaskItem};
 use crate::team::collab::Collaboration;
 use crate::team::rollout::rollout;
-use crate::team::{check_fits, Agent};
+use crate::team::{check_fits, load_members, Agent, Members};
 
 /// The held-out items an evaluation uses (`None` when `eval_num_samples` is 0).
 pub fn eval_items(cfg: &Config) -> Result<Option<Vec<TaskItem>>> {
@@ -200,6 +202,70 @@ pub struct PastEval {
     /// Each item's mean over its samples, with the item (what pairs two evaluations).
     pub item_means: Vec<(String, f64)>,
     pub samples_per_item: u64,
+}
+
+/// An evaluation of a run directory's team, recorded there.
+pub struct RunEvaluation {
+    pub evaluation: Evaluation,
+    /// Each eval item's mean reward over its samples, in the eval file's order.
+    pub item_means: Vec<f64>,
+    /// The report written (`eval/eval-<time>.json`).
+    pub path: std::path::PathBuf,
+    /// The run directory's evaluations so far, this one last.
+    pub history: EvalHistory,
+}
+
+impl RunEvaluation {
+    pub fn mean(&self) -> f64 {
+        self.evaluation.reward_mean()
+    }
+}
+
+/// Evaluate a team of the run directory (`members`) on the eval items, and record it there: the
+/// report `eval/eval-<UTC time>.json` (every joint response), a metrics line, and the plot of
+/// the run directory's evaluations so far (`eval/eval_reward.svg`).
+pub fn evaluate_run(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<RunEvaluation> {
+    let items = eval_items(cfg)?.context("eval_num_samples is 0: nothing to evaluate")?;
+    let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
+    let team = load_members(cfg, run_dir, members)?;
+    let started = std::time::Instant::now();
+    let evaluation = evaluate(cfg, &team, &items, reward.as_mut(), processor, cfg.seed)?;
+    let team_label = match members {
+        Members::Base => "base".to_string(),
+        Members::Current if run_dir.agents().is_dir() => "agents".to_string(),
+        Members::Current => "base".to_string(),
+        Members::Saved(dir) => dir.display().to_string(),
+    };
+    let report = json!({"metrics": evaluation.metrics(), "team": team_label,
+        "samples_per_item": cfg.eval_samples_per_item, "items": evaluation.records});
+    let stem = chrono::Utc::now().format("eval-%Y%m%dT%H%M%SZ").to_string();
+    let path = write_new_report(&run_dir.eval(), &stem, serde_json::to_string_pretty(&report)?.as_bytes())?;
+    run_dir.log_metrics(&evaluation.with_metrics(json!({
+        "stage": "eval", "time": chrono::Utc::now().to_rfc3339(), "num_items": items.len(),
+        "samples_per_item": cfg.eval_samples_per_item,
+        "tokens_per_s": evaluation.tokens as f64 / started.elapsed().as_secs_f64(),
+    })))?;
+    let item_means = evaluation.item_means(cfg.eval_samples_per_item as usize);
+    let history = EvalHistory::read(&run_dir.eval())?;
+    atomic_write(&run_dir.eval_plot(), history.svg(&run_dir.root).as_bytes())?;
+    Ok(RunEvaluation { evaluation, item_means, path, history })
+}
+
+/// Write `<dir>/<stem>.json`, or `<stem>-2.json`, ... when a report of the same second exists;
+/// each name is created exclusively, so two evals never write the same report.
+fn write_new_report(dir: &std::path::Path, stem: &str, bytes: &[u8]) -> Result<std::path::PathBuf> {
+    for k in 1.. {
+        let p = if k == 1 { dir.join(format!("{stem}.json")) } else { dir.join(format!("{stem}-{k}.json")) };
+        if p.exists() {
+            continue;
+        }
+        match atomic_create(&p, bytes) {
+            Ok(()) => return Ok(p),
+            Err(_) if p.exists() => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    unreachable!("an unused report name exists")
 }
 
 /// The evaluations of a run directory (`<run_dir>/eval/eval-*.json`), oldest first.

@@ -5,7 +5,6 @@
 //! every artefact lives in the run directory ([`run`]).
 pub mod algo;
 pub mod cli;
-pub mod comparator;
 pub mod config;
 pub mod device;
 pub mod evaluation;
@@ -15,7 +14,9 @@ pub mod prefs;
 pub mod progress;
 pub mod reward_model;
 pub mod rng;
+pub mod rounds;
 pub mod run;
+pub mod sources;
 pub mod stages;
 pub mod task;
 pub mod team;

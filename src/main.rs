@@ -70,10 +70,10 @@ fn load_config(args: &CommonArgs, command: &str) -> Result<Option<(Config, RunDi
         print!("{}", cfg.to_toml());
         return Ok(None);
     }
-    let run_dir = RunDir::new(&cfg.run_dir);
-    let lock = RunLock::acquire(&run_dir.root, command)?;
+    let run_dir = RunDir::of(&cfg);
+    let lock = RunLock::acquire(&run_dir, command)?;
     // Temporary files of killed commands (this one holds the lock, so none is being written).
-    for dir in [run_dir.root.clone(), cfg.replay_dir()] {
+    for dir in [run_dir.root.clone(), run_dir.replay().to_path_buf()] {
         for p in pbrl::run::atomic::sweep_stale(&dir)? {
             tracing::warn!("removed {}, left by an interrupted command", p.display());
         }
@@ -91,16 +91,16 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::TrainMadpo(args) => {
             let Some((cfg, run_dir, _lock)) = load_config(&args.common, "train-madpo")? else { return Ok(()) };
-            let opts = pbrl::stages::train_madpo::TrainOptions { resume: args.resume };
+            let opts = pbrl::train::madpo::TrainOptions { resume: args.resume };
             pbrl::stages::train_madpo::run(&cfg, &run_dir, &opts)?;
         }
         Command::FitRm(args) => {
             let Some((cfg, run_dir, _lock)) = load_config(&args.common, "fit-rm")? else { return Ok(()) };
-            pbrl::stages::fit_rm::run(&cfg, &run_dir, &pbrl::stages::fit_rm::FitOptions { resume: args.resume })?;
+            pbrl::stages::fit_rm::run(&cfg, &run_dir, &pbrl::reward_model::fit::FitOptions { resume: args.resume })?;
         }
         Command::TrainMarlhf(args) => {
             let Some((cfg, run_dir, _lock)) = load_config(&args.common, "train-marlhf")? else { return Ok(()) };
-            let opts = pbrl::stages::train_marlhf::TrainOptions { resume: args.resume };
+            let opts = pbrl::train::marlhf::TrainOptions { resume: args.resume };
             pbrl::stages::train_marlhf::run(&cfg, &run_dir, &opts)?;
         }
         Command::Iterate(args) => {

@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pbrl::comparator::api::{ApiComparator, ApiFormat, ApiKey, ApiSettings, RequestSampling, RetryPolicy};
+use pbrl::sources::http::{ApiClient, ApiFormat, ApiKey, ApiSettings, RequestSampling, RetryPolicy};
 use serde_json::{json, Value};
 
 /// One scripted answer of the server.
@@ -113,7 +113,7 @@ fn each_format_sends_the_reference_request_and_reads_its_answer() {
     let mut s = settings(&url, ApiFormat::Generic);
     s.response_field = Some("data.texts".into());
     s.extra_body = Some(json!({"temperature": 0.1, "seed": 3}).as_object().unwrap().clone());
-    let out = ApiComparator::new(s).complete("write", 1, &item, 2, SAMPLING).unwrap();
+    let out = ApiClient::new(s).complete("write", 1, &item, 2, SAMPLING).unwrap();
     assert_eq!(out, vec!["g1", "g2"]);
     let r = &seen.lock().unwrap()[0];
     assert_eq!(r.body["num_return_sequences"], 2);
@@ -128,7 +128,7 @@ fn each_format_sends_the_reference_request_and_reads_its_answer() {
     let (url, seen) = server(vec![Reply::Json(200, chat)]);
     let mut s = settings(&url, ApiFormat::OpenAiChat);
     s.max_n_per_request = Some(2);
-    let out = ApiComparator::new(s).complete("write", 0, &item, 3, SAMPLING).unwrap();
+    let out = ApiClient::new(s).complete("write", 0, &item, 3, SAMPLING).unwrap();
     assert_eq!(out, vec!["c1", "c2", "c1"]);
     let seen = seen.lock().unwrap();
     assert_eq!(seen.iter().map(|r| r.body["n"].as_u64().unwrap()).collect::<Vec<_>>(), vec![2, 1]);
@@ -139,7 +139,7 @@ fn each_format_sends_the_reference_request_and_reads_its_answer() {
     // anthropic: one request per candidate, the key as x-api-key, the version header.
     let msg = json!({"content": [{"type": "text", "text": "m"}]});
     let (url, seen) = server(vec![Reply::Json(200, msg)]);
-    let out = ApiComparator::new(settings(&url, ApiFormat::Anthropic)).complete("w", 0, &item, 2, SAMPLING).unwrap();
+    let out = ApiClient::new(settings(&url, ApiFormat::Anthropic)).complete("w", 0, &item, 2, SAMPLING).unwrap();
     assert_eq!(out, vec!["m", "m"]);
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 2);
@@ -150,8 +150,7 @@ fn each_format_sends_the_reference_request_and_reads_its_answer() {
     // openai_responses: input and max_output_tokens, no temperature.
     let resp = json!({"output": [{"content": [{"type": "output_text", "text": "r"}]}]});
     let (url, seen) = server(vec![Reply::Json(200, resp)]);
-    let out =
-        ApiComparator::new(settings(&url, ApiFormat::OpenAiResponses)).complete("w", 0, &item, 1, SAMPLING).unwrap();
+    let out = ApiClient::new(settings(&url, ApiFormat::OpenAiResponses)).complete("w", 0, &item, 1, SAMPLING).unwrap();
     assert_eq!(out, vec!["r"]);
     let r = &seen.lock().unwrap()[0];
     assert_eq!((r.body["input"].clone(), r.body["max_output_tokens"].clone()), (json!("w"), json!(16)));
@@ -167,7 +166,7 @@ fn huge_or_zero_retry_after_and_long_backoffs_are_capped() {
     let mut s = settings(&url, ApiFormat::Generic);
     s.retry.max_retry_after = Duration::from_millis(300);
     let started = Instant::now();
-    let out = ApiComparator::new(s).complete("w", 0, &json!({}), 1, SAMPLING).unwrap();
+    let out = ApiClient::new(s).complete("w", 0, &json!({}), 1, SAMPLING).unwrap();
     assert_eq!(out, vec!["fine"]);
     assert_eq!(seen.lock().unwrap().len(), 3);
     let waited = started.elapsed();
@@ -190,14 +189,14 @@ fn transient_faults_are_retried_and_the_last_one_is_a_clear_error() {
         ok.clone(),
     ]);
     let started = Instant::now();
-    let out = ApiComparator::new(settings(&url, ApiFormat::Generic)).complete("w", 0, &json!({}), 1, SAMPLING).unwrap();
+    let out = ApiClient::new(settings(&url, ApiFormat::Generic)).complete("w", 0, &json!({}), 1, SAMPLING).unwrap();
     assert_eq!(out, vec!["fine"]);
     assert_eq!(seen.lock().unwrap().len(), 4, "a timeout, a 429 and a 500, then the answer");
     assert!(started.elapsed() >= Duration::from_secs(1), "the 429's Retry-After was honoured");
 
     // Truncated JSON until the tries run out: an error naming the URL and the cause, no key.
     let (url, seen) = server(vec![Reply::Truncated]);
-    let err = ApiComparator::new(settings(&url, ApiFormat::Generic))
+    let err = ApiClient::new(settings(&url, ApiFormat::Generic))
         .complete("w", 0, &json!({}), 1, SAMPLING)
         .unwrap_err()
         .to_string();
@@ -207,7 +206,7 @@ fn transient_faults_are_retried_and_the_last_one_is_a_clear_error() {
 
     // A well-formed answer without the field, and a 401 that echoes the key: no retry.
     let (url, seen) = server(vec![Reply::Json(200, json!({"wrong": ["x"]}))]);
-    let err = ApiComparator::new(settings(&url, ApiFormat::Generic))
+    let err = ApiClient::new(settings(&url, ApiFormat::Generic))
         .complete("w", 0, &json!({}), 1, SAMPLING)
         .unwrap_err()
         .to_string();
@@ -216,7 +215,7 @@ fn transient_faults_are_retried_and_the_last_one_is_a_clear_error() {
     let (url, seen) = server(vec![Reply::Json(401, json!({"error": "bad key Bearer sk-test-secret-123"}))]);
     let s = settings(&url, ApiFormat::OpenAiChat);
     let debug = format!("{s:?}");
-    let err = ApiComparator::new(s).complete("w", 0, &json!({}), 1, SAMPLING).unwrap_err().to_string();
+    let err = ApiClient::new(s).complete("w", 0, &json!({}), 1, SAMPLING).unwrap_err().to_string();
     assert_eq!(seen.lock().unwrap().len(), 1);
     assert!(err.contains("HTTP 401") && err.contains("<redacted>"), "{err}");
     for text in [&err, &debug] {

@@ -13,7 +13,7 @@ use pbrl::algo::actor_critic::buffer_advantages;
 use pbrl::model::heads::ValueHead;
 use pbrl::model::scoring::ScoreRow;
 use pbrl::model::LoadedModel;
-use pbrl::stages::marlhf_actor_critic::{chunk_losses, values_without_grad, Sample, VALUE_HEAD};
+use pbrl::train::marlhf::actor_critic::{chunk_losses, values_without_grad, Sample, VALUE_HEAD};
 use serde_json::Value;
 
 fn ids(v: &Value) -> Vec<u32> {

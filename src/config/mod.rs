@@ -644,11 +644,6 @@ impl Config {
         }
     }
 
-    /// Where round files live.
-    pub fn replay_dir(&self) -> PathBuf {
-        self.preference_replay_dir.clone().unwrap_or_else(|| self.run_dir.join("preference_replay"))
-    }
-
     /// How many models act: one per agent, or the one centralized actor writing every role.
     pub fn num_actors(&self) -> usize {
         if self.collaboration_mode == "centralized" {

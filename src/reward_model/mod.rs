@@ -14,6 +14,8 @@
 //! `reward_head.value_projection.*`) and `<dir>/reward_model.json` (how to build and tokenize
 //! the joint text, and which head), written into a temporary sibling and swapped into place, so
 //! a reward model directory is whole or absent.
+pub mod fit;
+
 use std::ops::Range;
 use std::path::Path;
 
@@ -32,6 +34,11 @@ use crate::model::{LoadedModel, Mode};
 /// The head's prefix in the backbone's `VarMap` (and in `reward_head.safetensors`).
 pub const HEAD: &str = "reward_head";
 const FORMAT: &str = "pbrl-joint-reward-model";
+/// A saved reward model's files: its description (written last), head and backbone.
+const INFO_FILE: &str = "reward_model.json";
+const HEAD_FILE: &str = "reward_head.safetensors";
+const BACKBONE_DIR: &str = "backbone";
+
 /// `reward_model.json`'s `pooling` of each head.
 pub const LAST_TOKEN: &str = "last_non_padding_token";
 pub const POOLED: &str = "agent_response_mean_and_log_tokens";
@@ -164,9 +171,24 @@ impl JointRewardModel {
         Ok(Self { backbone, head, num_agents, max_length, device })
     }
 
+    /// Whether `dir` holds a saved reward model (its description is written last).
+    pub fn exists(dir: &Path) -> bool {
+        dir.join(INFO_FILE).is_file()
+    }
+
+    /// What identifies a saved reward model: the digests of its head and its backbone.
+    pub fn digest(dir: &Path) -> Result<String> {
+        use crate::run::fingerprint::{file_digest, source_digest};
+        Ok(format!(
+            "{}+{}",
+            file_digest(&dir.join(HEAD_FILE))?,
+            source_digest(&dir.join(BACKBONE_DIR).display().to_string())?
+        ))
+    }
+
     /// Load a reward model saved by [`JointRewardModel::save`].
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
-        let info_path = dir.join("reward_model.json");
+        let info_path = dir.join(INFO_FILE);
         let info: RewardModelInfo = serde_json::from_slice(
             &std::fs::read(&info_path).with_context(|| format!("reading {}", info_path.display()))?,
         )
@@ -174,10 +196,10 @@ impl JointRewardModel {
         if info.format != FORMAT || info.version != 1 || info.joint_text != JointTextFormat::reference() {
             bail!("{}: a reward model format this pbrl does not read", info_path.display());
         }
-        let backbone = LoadedModel::load(&dir.join("backbone").display().to_string(), device)
+        let backbone = LoadedModel::load(&dir.join(BACKBONE_DIR).display().to_string(), device)
             .with_context(|| format!("loading the reward model's backbone from {}", dir.display()))?;
         let hidden = backbone.model.config.hidden_size;
-        let file = dir.join("reward_head.safetensors");
+        let file = dir.join(HEAD_FILE);
         let head = match (info.pooling.as_str(), info.mlp_hidden) {
             (LAST_TOKEN, None) => Head::LastToken(ScalarHead::load(&backbone.varmap, HEAD, hidden, &file, device)?),
             (POOLED, Some(d)) if d >= 1 => {
@@ -317,13 +339,13 @@ impl JointRewardModel {
     /// exchange once the new one is complete).
     pub fn save(&self, dir: &Path) -> Result<()> {
         crate::run::atomic::install_dir(dir, |tmp| {
-            self.backbone.save_hf_dir(&tmp.join("backbone"), None)?;
+            self.backbone.save_hf_dir(&tmp.join(BACKBONE_DIR), None)?;
             let (tensors, pooling, mlp_hidden) = match &self.head {
                 Head::LastToken(h) => (h.tensors(), LAST_TOKEN, None),
                 Head::PooledMlp(h) => (h.tensors(), POOLED, Some(h.hidden_dim().unwrap_or(0))),
             };
             let head: std::collections::HashMap<String, Tensor> = tensors.into_iter().collect();
-            candle_core::safetensors::save(&head, tmp.join("reward_head.safetensors"))?;
+            candle_core::safetensors::save(&head, tmp.join(HEAD_FILE))?;
             let info = RewardModelInfo {
                 format: FORMAT.into(),
                 version: 1,
@@ -335,7 +357,7 @@ impl JointRewardModel {
                 mlp_hidden,
                 backbone_source: self.backbone.source.clone(),
             };
-            crate::run::atomic_write(&tmp.join("reward_model.json"), &serde_json::to_vec_pretty(&info)?)
+            crate::run::atomic_write(&tmp.join(INFO_FILE), &serde_json::to_vec_pretty(&info)?)
         })
         .with_context(|| format!("saving the reward model to {}", dir.display()))
     }

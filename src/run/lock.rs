@@ -5,9 +5,11 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+
+use super::RunDir;
 
 /// Held for the lifetime of a command; dropping it (or the process ending) releases the lock.
 #[derive(Debug)]
@@ -17,9 +19,10 @@ pub struct RunLock {
 }
 
 impl RunLock {
-    pub fn acquire(root: &Path, command: &str) -> Result<Self> {
+    pub fn acquire(run_dir: &RunDir, command: &str) -> Result<Self> {
+        let root = &run_dir.root;
         std::fs::create_dir_all(root).with_context(|| format!("creating the run directory {}", root.display()))?;
-        let path = root.join(".pbrl.lock");
+        let path = run_dir.lock();
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -64,10 +67,10 @@ mod tests {
     #[test]
     fn a_second_holder_is_refused_with_the_first_ones_pid() {
         let d = tempfile::tempdir().unwrap();
-        let first = RunLock::acquire(d.path(), "collect").unwrap();
-        let e = format!("{:#}", RunLock::acquire(d.path(), "eval").unwrap_err());
+        let first = RunLock::acquire(&RunDir::new(d.path()), "collect").unwrap();
+        let e = format!("{:#}", RunLock::acquire(&RunDir::new(d.path()), "eval").unwrap_err());
         assert!(e.contains("in use by `pbrl collect (pid ") && e.contains(&std::process::id().to_string()), "{e}");
         drop(first);
-        RunLock::acquire(d.path(), "eval").unwrap();
+        RunLock::acquire(&RunDir::new(d.path()), "eval").unwrap();
     }
 }

@@ -1,49 +1,20 @@
-//! The run directory: where every stage reads its inputs and writes its outputs, and the rules
-//! that keep it whole: atomic writes (`atomic`), one writer at a time (`lock`), a team saved
+//! The run directory: where every stage reads its inputs and writes its outputs (`layout`), and
+//! the rules that keep it whole: atomic writes (`atomic`), one writer at a time (`lock`), a team saved
 //! all-or-nothing (`team`), and resumes refused under a changed setup (`fingerprint`).
 pub mod atomic;
 pub mod checkpoint;
 pub mod fingerprint;
+pub mod layout;
 pub mod lock;
 pub mod team;
-
-use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
 pub use atomic::{atomic_create, atomic_write};
+pub use layout::RunDir;
 pub use lock::RunLock;
 
-/// The layout of a run directory (spec §4).
-#[derive(Debug, Clone)]
-pub struct RunDir {
-    pub root: PathBuf,
-}
-
 impl RunDir {
-    pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
-    }
-    pub fn config(&self) -> PathBuf {
-        self.root.join("config.toml")
-    }
-    /// The trained team (`team::save_team`): `agents/agent_i` and `agents/team.json`.
-    pub fn agents(&self) -> PathBuf {
-        self.root.join("agents")
-    }
-    pub fn agent(&self, i: usize) -> PathBuf {
-        self.agents().join(format!("agent_{i}"))
-    }
-    pub fn checkpoints(&self) -> PathBuf {
-        self.root.join("checkpoints")
-    }
-    pub fn eval(&self) -> PathBuf {
-        self.root.join("eval")
-    }
-    pub fn metrics(&self) -> PathBuf {
-        self.root.join("metrics.jsonl")
-    }
-
     /// Write the resolved config of the command being run.
     pub fn write_config(&self, toml_text: &str) -> Result<()> {
         atomic_write(&self.config(), toml_text.as_bytes())

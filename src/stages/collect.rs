@@ -2,30 +2,27 @@
 //! the oracle, build preference pairs, and write the next round file.
 //!
 //! 1. load the train items and the team (trained agents if the run has them);
-//! 2. per batch of `collect_batch_size` items, each agent samples `preference_num_candidates`
-//!    completions per item (all of them in one batched call); candidate k of every agent is
-//!    joint response k (centralized: candidate k of the one actor, a tagged joint text);
-//! 3. the oracle scores each joint response: the task reward on the roles' outputs (centralized:
-//!    parsed from the joint text), then reward_processor;
-//! 4. pairs: every ordered pair with a positive score gap, ordered by `pair_selection` and cut
-//!    to `preference_pairs_per_sample` (reference §5.1);
-//! 5. write `<replay dir>/iteration_NNNN.json` atomically (and the reward histogram when asked).
+//! 2. the round (`rounds::build_round`, the team as its only source): per batch of
+//!    `collect_batch_size` items, each agent samples `preference_num_candidates` completions per
+//!    item (all of them in one batched call); candidate k of every agent is joint response k
+//!    (centralized: candidate k of the one actor, a tagged joint text); the oracle scores each
+//!    joint response (the task reward on the roles' outputs, then reward_processor); pairs are
+//!    every ordered pair with a positive score gap, ordered by `pair_selection` and cut to
+//!    `preference_pairs_per_sample` (reference §5.1);
+//! 3. write `<replay dir>/iteration_NNNN.json` atomically (and the reward histogram when asked).
 use anyhow::{bail, Result};
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
 use crate::config::Config;
-use crate::prefs::distribution::{distribution_record, histogram, svg};
-use crate::prefs::selection::{select_pairs, PairSelection};
-use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
+use crate::prefs::selection::PairSelection;
+use crate::prefs::{existing_rounds, round_path, RoundFile};
 use crate::progress;
-use crate::rng::{derive_seed, purpose};
-use crate::run::{atomic_write, RunDir};
+use crate::rounds::{build_round, mean, RoundSpec, Scorer};
+use crate::run::RunDir;
+use crate::sources::{Agents, TeamSource};
 use crate::task::split::train_items;
 use crate::task::{reward::build_reward, TaskItem};
 use crate::team::collab::Collaboration;
-use crate::team::rollout::rollout;
 use crate::team::{check_fits, load_team};
 
 pub struct CollectOptions {
@@ -46,9 +43,7 @@ fn batch_rows(cfg: &Config) -> usize {
 }
 
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<CollectReport> {
-    // With `eval_split = x` the held-out items are left out; the others keep their file index.
-    let (indices, items): (Vec<usize>, Vec<TaskItem>) = train_items(cfg)?.into_iter().unzip();
-    let replay_dir = cfg.replay_dir();
+    let replay_dir = run_dir.replay().to_path_buf();
     let round = match opts.round {
         Some(0) => bail!("--round counts from 1"),
         Some(n) => n,
@@ -58,81 +53,28 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     if path.exists() && !opts.force {
         bail!("{} exists; pass --force to replace it, or --round N for another round", path.display());
     }
-    let mode = PairSelection::parse(&cfg.pair_selection).expect("validated pair_selection");
-    let per_sample = cfg.preference_pairs_per_sample.map(|k| k as usize);
-    let n_cand = cfg.preference_num_candidates as usize;
-    let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
+    let spec = RoundSpec {
+        round,
+        seed: cfg.seed,
+        candidates: cfg.preference_num_candidates as usize,
+        comparator_candidates: 0,
+        batch_items: cfg.collect_batch_size as usize,
+        selection: PairSelection::parse(&cfg.pair_selection).expect("validated pair_selection"),
+        pairs_per_sample: cfg.preference_pairs_per_sample.map(|k| k as usize),
+    };
+    let (reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
+    let mut scorer = Scorer::Oracle { reward, processor, collab: Collaboration::from_config(cfg) };
     let team = load_team(cfg, run_dir)?;
     let rows = (batch_rows(cfg), "collect_batch_size × preference_num_candidates");
-    check_fits(&team, &items, &cfg.max_new_tokens(), rows, "train")?;
-    let collab = Collaboration::from_config(cfg);
-    let params = cfg.sampling();
+    let items: Vec<(usize, TaskItem)> = train_items(cfg)?;
+    let item_list: Vec<TaskItem> = items.iter().map(|(_, it)| it.clone()).collect();
+    check_fits(&team, &item_list, &cfg.max_new_tokens(), rows, "train")?;
 
     let bar = progress::bar(items.len() as u64, "collect");
-    let started = std::time::Instant::now();
-    let mut generated = 0usize;
-    let mut pairs = Vec::new();
-    let mut all_raw = Vec::new();
-    let mut all_scores = Vec::new();
-    let mut tied_items = 0usize;
-    let batch_items = cfg.collect_batch_size as usize;
-    for (b, batch) in items.chunks(batch_items).enumerate() {
-        let first = b * batch_items;
-        let item_index = |j: usize| indices[first + j] as u64;
-        let seed = |j: usize, a: usize, k: usize| {
-            derive_seed(cfg.seed, &[purpose::COLLECT, round as u64, item_index(j), a as u64, k as u64])
-        };
-        let out = rollout(&team, batch, n_cand, &params, seed, |n| {
-            generated += n;
-            let rate = generated as f64 / started.elapsed().as_secs_f64();
-            bar.set_message(format!("{} pairs, {rate:.1} tok/s", pairs.len()));
-        })?;
-        for (j, item) in batch.iter().enumerate() {
-            let item_prompts = out.prompts[j].clone();
-            let joints: Vec<Vec<String>> = (0..n_cand).map(|k| out.texts(j, k)).collect();
-            let roles: Vec<Vec<String>> = joints.iter().map(|j| collab.role_outputs(j)).collect();
-            let raw = reward.score_batch(item, &collab.reward_prompts(item, &item_prompts)?, &roles)?;
-            let scores: Vec<f64> = raw.iter().map(|&r| processor.apply(r)).collect();
-            if let Some(bad) = scores.iter().find(|s| !s.is_finite()) {
-                bail!("the reward of train item {} is not finite ({bad})", item_index(j));
-            }
-            let mean = scores.iter().sum::<f64>() / scores.len() as f64;
-            let (lo, hi) = scores.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
-            if !mean.is_finite() || !(hi - lo).is_finite() {
-                bail!(
-                    "train item {}: its processed rewards (up to {hi:e}) overflow when averaged or compared; lower \
-                     reward.scale / reward.shift (nothing was written)",
-                    item_index(j)
-                );
-            }
-            let mut rng =
-                ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[purpose::PAIRS, round as u64, item_index(j)]));
-            let chosen = select_pairs(&scores, mode, per_sample, &mut rng);
-            if chosen.is_empty() {
-                tied_items += 1;
-            }
-            for (w, l) in chosen {
-                pairs.push(PreferencePair {
-                    prompts: item_prompts.clone(),
-                    winner_completions: joints[w].clone(),
-                    loser_completions: joints[l].clone(),
-                    winner_reward: scores[w],
-                    loser_reward: scores[l],
-                    candidate_reward_mean: mean,
-                    raw_rewards: None,
-                    target_raw_reward: None,
-                    comparator_raw_reward: None,
-                    winner_finished: Some(out.responses[j][w].iter().map(|c| c.finished).collect()),
-                    loser_finished: Some(out.responses[j][l].iter().map(|c| c.finished).collect()),
-                });
-            }
-            all_raw.extend(raw);
-            all_scores.extend(scores);
-            bar.inc(1);
-        }
-    }
+    let source = TeamSource::new(Agents::Borrowed(&team), cfg.sampling());
+    let mut built = build_round(&spec, &items, &source, None, &mut scorer, &bar)?;
     bar.finish_and_clear();
-
+    let pairs = std::mem::take(&mut built.pairs);
     let num_pairs = pairs.len();
     if num_pairs == 0 {
         tracing::warn!("no non-tied preference pairs: every item's candidates scored the same");
@@ -145,16 +87,10 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
         round_file.save_new(&path)?;
     }
     if cfg.log_reward_distribution {
-        let [lo, hi] = cfg.reward_range.expect("validated: reward_range is set");
-        let dir = run_dir.root.join("reward_distributions");
-        let rec = distribution_record(round, (lo, hi), &all_raw, &[]);
-        atomic_write(&dir.join(format!("iteration_{round:04}.json")), serde_json::to_string_pretty(&rec)?.as_bytes())?;
-        let (_, counts) = histogram(&all_raw, (lo, hi));
-        let title = format!("round {round}: candidate rewards");
-        atomic_write(&dir.join(format!("iteration_{round:04}.svg")), svg(&title, (lo, hi), &counts).as_bytes())?;
+        built.write_histograms(run_dir, round, cfg.reward_range.map(|[lo, hi]| (lo, hi)))?;
     }
-    let secs = started.elapsed().as_secs_f64();
-    let reward_mean = all_scores.iter().sum::<f64>() / all_scores.len().max(1) as f64;
+    let (secs, tied_items, generated) = (built.secs, built.tied_items, built.tokens);
+    let reward_mean = mean(&built.processed[0]);
     run_dir.log_metrics(&json!({
         "stage": "collect", "time": chrono::Utc::now().to_rfc3339(), "iteration": round,
         "collect/num_pairs": num_pairs, "collect/reward_mean": reward_mean,

@@ -1,8 +1,8 @@
-//! One file per subcommand, each readable top to bottom: load → loop → save.
+//! One recipe per subcommand: what it runs (library functions, never another stage) and what it
+//! prints.
 pub mod collect;
 pub mod eval;
 pub mod fit_rm;
 pub mod iterate;
-pub mod marlhf_actor_critic;
 pub mod train_madpo;
 pub mod train_marlhf;

@@ -111,14 +111,13 @@ pub struct TrainingSummary {
     pub saved: &'static str,
 }
 
-/// With `keep_best`, where the last agents go when the best ones are saved in `agents/`.
-pub fn final_agents_dir(run_dir: &RunDir) -> std::path::PathBuf {
-    run_dir.root.join("final_agents")
-}
-
-/// Where `keep_best` keeps the best agents found so far.
-pub fn best_agents_dir(run_dir: &RunDir) -> std::path::PathBuf {
-    run_dir.root.join("best_agents")
+impl TrainingSummary {
+    /// The final and best evaluations, and which agents were saved (none without evaluations).
+    pub fn describe_evals(&self) -> Option<String> {
+        let show = |e: &EvalPoint| format!("{:.4} ± {:.4} after update {}", e.reward_mean, e.reward_stderr, e.update);
+        let (f, b) = (self.final_eval.as_ref()?, self.best_eval.as_ref()?);
+        Some(format!("eval reward: final {}; best {}; saved: the {} agents", show(f), show(b), self.saved))
+    }
 }
 
 pub struct Session<'a> {
@@ -238,7 +237,7 @@ impl<'a> Session<'a> {
         } else {
             checkpoint::start_fresh(&state_dir)?;
             if team.is_some() {
-                for old in [best_agents_dir(run_dir), final_agents_dir(run_dir)] {
+                for old in [run_dir.best_agents(), run_dir.final_agents()] {
                     if old.exists() {
                         std::fs::remove_dir_all(&old)
                             .with_context(|| format!("removing the last run's {}", old.display()))?;
@@ -385,7 +384,7 @@ impl<'a> Session<'a> {
         self.run_dir.log_metrics(&out.with_metrics(json!({"stage": self.stage, "update": point.update})))?;
         if self.progress.best.is_none_or(|b| point.reward_mean > b.reward_mean) {
             if self.cfg.keep_best {
-                let dir = best_agents_dir(self.run_dir);
+                let dir = self.run_dir.best_agents();
                 let record = serde_json::to_vec_pretty(&point)?;
                 save_team_to(&dir, &self.team_models(), &self.cfg.sampling(), Some(("best.json", &record)))?;
             }
@@ -430,7 +429,7 @@ impl Session<'_> {
             return save_team(self.run_dir, &self.team_models(), &self.cfg.sampling());
         }
         let best = self.progress.best;
-        let dir = best_agents_dir(self.run_dir);
+        let dir = self.run_dir.best_agents();
         let kept: EvalPoint = serde_json::from_slice(&std::fs::read(dir.join("best.json"))?)
             .with_context(|| format!("{}/best.json: not a pbrl evaluation record", dir.display()))?;
         if Some(kept.update) != best.map(|b| b.update) {
@@ -443,7 +442,7 @@ impl Session<'_> {
         }
         copy_team(&dir, &self.run_dir.agents())?;
         // The last agents stay available (`pbrl eval --team <run_dir>/final_agents`).
-        save_team_to(&final_agents_dir(self.run_dir), &self.team_models(), &self.cfg.sampling(), None)
+        save_team_to(&self.run_dir.final_agents(), &self.team_models(), &self.cfg.sampling(), None)
     }
 }
 

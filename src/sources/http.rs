@@ -1,5 +1,5 @@
-//! The API comparator (reference §8.4): candidate responses from an HTTP endpoint, in one of four
-//! request formats, for the iterative trainers' comparisons.
+//! The HTTP client of the API response source (reference §8.4): candidate responses from an
+//! endpoint, in one of four request formats.
 //!
 //! | format | request | batching | completions from |
 //! |---|---|---|---|
@@ -129,7 +129,7 @@ pub struct RequestSampling {
     pub top_k: Option<usize>,
 }
 
-pub struct ApiComparator {
+pub struct ApiClient {
     settings: ApiSettings,
     agent: ureq::Agent,
 }
@@ -141,7 +141,7 @@ struct Failure {
     retry_after: Option<Duration>,
 }
 
-impl ApiComparator {
+impl ApiClient {
     pub fn new(settings: ApiSettings) -> Self {
         let agent = ureq::AgentBuilder::new().timeout(settings.timeout).build();
         Self { settings, agent }

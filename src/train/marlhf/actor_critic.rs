@@ -1,4 +1,4 @@
-//! `pbrl train-marlhf`'s actor-critic backends (reference §7.4): `iac` (a critic per agent, or
+//! MARLHF's actor-critic backends (reference §7.4): `iac` (a critic per agent, or
 //! with `use_separate_critic = false` a value head on each actor) and `maac` (one centralized
 //! critic of the joint prompt, or with `critic_type = "q"` of the joint prompt and response).
 //!
@@ -30,7 +30,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use super::train_marlhf::{abs_mean, joint_scores, mean, rollout_metrics, rollout_pad, state_dir, Setup, TrainOptions};
+use super::setup::{abs_mean, joint_scores, mean, rollout_metrics, rollout_pad, Setup};
+use super::TrainOptions;
 use crate::algo::actor_critic::{actor_loss, buffer_advantages, value_loss};
 use crate::config::{Config, DeviceSpec};
 use crate::device::parse_device;
@@ -142,7 +143,7 @@ pub(super) fn train(cfg: &Config, run_dir: &RunDir, setup: &Setup, opts: &TrainO
         sources: cfg.agent_sources()?,
         learning_rates,
         epochs: cfg.num_train_epochs as u64,
-        state_dir: state_dir(run_dir),
+        state_dir: run_dir.marlhf_state(),
         shuffle: None,
         fingerprint_extra,
     };

@@ -1,0 +1,105 @@
+//! The log-probability of a target token, fused forward and backward.
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
+use num_traits::Float;
+use rayon::prelude::*;
+
+use super::{contiguous_slice, cpu_float};
+
+// ---------------------------------------------------------------------------------------------
+// Log-probability of a target token: log softmax(logits)[target]
+
+/// lp[r] = logits[r, t_r] − logsumexp(logits[r]), one pass per row; its backward is
+/// g[r]·(onehot(t_r) − softmax(logits[r])), also one pass. No (n, vocab) temporaries besides
+/// the gradient itself.
+struct TokenLogProb;
+
+fn u32_slice<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [u32]> {
+    match s {
+        CpuStorage::U32(v) => contiguous_slice(v, l, what),
+        _ => candle_core::bail!("{what}: targets must be u32"),
+    }
+}
+
+/// Accumulated in f64: a vocabulary-sized f32 sum drifts by ~1e-4, which shows in
+/// sequence log-prob differences.
+fn logsumexp<T: Float>(row: &[T]) -> T {
+    let max = row.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
+    let sum: f64 = row.iter().map(|&v| (v - max).exp().to_f64().unwrap_or(0.0)).sum();
+    max + T::from(sum.ln()).unwrap()
+}
+
+impl CustomOp2 for TokenLogProb {
+    fn name(&self) -> &'static str {
+        "token-log-prob"
+    }
+
+    fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, t: &CpuStorage, lt: &Layout) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float + Send + Sync>(x: &[T], t: &[u32], v: usize) -> Vec<T> {
+            x.par_chunks(v).zip(t.par_iter()).map(|(row, &t)| row[t as usize] - logsumexp(row)).collect()
+        }
+        let (n, v) = lx.shape().dims2()?;
+        let t = u32_slice(t, lt, "token-log-prob")?;
+        if t.iter().any(|&i| i as usize >= v) {
+            candle_core::bail!("token-log-prob: target id out of the vocabulary");
+        }
+        let out = dispatch!(x, |x| run(contiguous_slice(x, lx, "token-log-prob")?, t, v));
+        Ok((out, Shape::from(n)))
+    }
+
+    fn bwd(&self, x: &Tensor, t: &Tensor, _y: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((Some(x.apply_op3_no_bwd(t, &g.contiguous()?, &TokenLogProbGrad)?), None))
+    }
+}
+
+struct TokenLogProbGrad;
+
+impl CustomOp3 for TokenLogProbGrad {
+    fn name(&self) -> &'static str {
+        "token-log-prob-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        lx: &Layout,
+        t: &CpuStorage,
+        lt: &Layout,
+        g: &CpuStorage,
+        lg: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float + Send + Sync>(x: &[T], t: &[u32], g: &[T], v: usize) -> Vec<T> {
+            let mut dx = vec![T::zero(); x.len()];
+            dx.par_chunks_mut(v).zip(x.par_chunks(v)).zip(t.par_iter().zip(g.par_iter())).for_each(
+                |((dx, row), (&t, &g))| {
+                    let lse = logsumexp(row);
+                    for i in 0..v {
+                        dx[i] = -g * (row[i] - lse).exp();
+                    }
+                    dx[t as usize] = dx[t as usize] + g;
+                },
+            );
+            dx
+        }
+        let n = "token-log-prob-grad";
+        let v = lx.shape().dims2()?.1;
+        let t = u32_slice(t, lt, n)?;
+        let out = dispatch2!(n, (x, lx), (g, lg), |x, g| run(x, t, g, v));
+        Ok((out, lx.shape().clone()))
+    }
+}
+
+/// log softmax(logits)[target] per row: logits (n, vocab), targets (n,) u32 → (n,).
+pub fn token_log_probs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    if cpu_float(logits) {
+        return logits.contiguous()?.apply_op2(&targets.contiguous()?, TokenLogProb);
+    }
+    token_log_probs_composite(logits, targets)
+}
+
+/// Token log-probabilities from differentiable candle ops.
+pub fn token_log_probs_composite(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let max = logits.max_keepdim(D::Minus1)?.detach();
+    let lse = (logits.broadcast_sub(&max)?.exp()?.sum_keepdim(D::Minus1)?.log()? + &max)?;
+    let picked = logits.gather(&targets.unsqueeze(1)?, D::Minus1)?;
+    (picked - lse)?.squeeze(1)
+}

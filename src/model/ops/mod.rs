@@ -1,0 +1,158 @@
+//! Fused operations with a backward pass, for training.
+//!
+//! candle's autograd records every elementary op and accumulates each gradient as
+//! `zeros + grad`, so composite softmax and rope cost many full passes over the activations in
+//! backward. These ops do each forward and each backward in one pass.
+//!
+//! - [`linear`] works on every device (f32 on the CPU through `super::gemm`'s kernel choice,
+//!   forward and backward; elsewhere the backend's own matmul) and returns dW in the weight's
+//!   (out, in) layout, where `x.matmul(w.t())` would return it transposed and pay a
+//!   strided add to accumulate it.
+//! - [`softmax_last_dim`], [`rms_norm`], [`split_heads`] (with the rotary embedding),
+//!   [`merge_heads`] and [`token_log_probs`] have CPU kernels (f32 and f64); on other devices
+//!   they fall back to the differentiable compositions of candle ops named `*_composite`.
+pub use heads::{merge_heads, merge_heads_composite, split_heads, split_heads_composite};
+pub use log_prob::{token_log_probs, token_log_probs_composite};
+pub use norm::{rms_norm, rms_norm_composite, rope_composite};
+pub use softmax::{softmax_composite, softmax_last_dim};
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+
+/// Whether the fused CPU kernels apply to `x`.
+fn cpu_float(x: &Tensor) -> bool {
+    x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64)
+}
+
+fn contiguous_slice<'a, T>(v: &'a [T], l: &Layout, what: &str) -> Result<&'a [T]> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&v[a..b]),
+        None => candle_core::bail!("{what}: expects a contiguous tensor"),
+    }
+}
+
+/// Run a kernel on f32 or f64 CPU storage.
+macro_rules! dispatch {
+    ($s:expr, |$v:ident| $body:expr) => {
+        match $s {
+            CpuStorage::F32($v) => CpuStorage::F32($body),
+            CpuStorage::F64($v) => CpuStorage::F64($body),
+            _ => candle_core::bail!("fused op: only f32 and f64 are supported"),
+        }
+    };
+}
+
+/// Run a kernel on two (or three) f32 CPU storages, or two (three) f64 ones, as contiguous slices.
+macro_rules! dispatch2 {
+    ($name:expr, ($a:expr, $la:expr), ($b:expr, $lb:expr), |$x:ident, $y:ident| $body:expr) => {
+        match ($a, $b) {
+            (CpuStorage::F32($x), CpuStorage::F32($y)) => {
+                let ($x, $y) = (contiguous_slice($x, $la, $name)?, contiguous_slice($y, $lb, $name)?);
+                CpuStorage::F32($body)
+            }
+            (CpuStorage::F64($x), CpuStorage::F64($y)) => {
+                let ($x, $y) = (contiguous_slice($x, $la, $name)?, contiguous_slice($y, $lb, $name)?);
+                CpuStorage::F64($body)
+            }
+            _ => candle_core::bail!("{}: operands must both be f32 or both f64", $name),
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Linear: y = x Wᵀ
+
+/// `a (m, k) · b (k, n)` for 2-D CPU operands in any strides: f32 on the kernels
+/// `super::gemm` picks for the output's shape, other types on candle's matmul.
+fn cpu_matmul(
+    a: &CpuStorage,
+    la: &Layout,
+    b: &CpuStorage,
+    lb: &Layout,
+    (m, n, k): (usize, usize, usize),
+) -> Result<CpuStorage> {
+    use super::gemm::{kernel_choice, matmul, Operand};
+    let (CpuStorage::F32(av), CpuStorage::F32(bv)) = (a, b) else {
+        return a.matmul(b, (1, m, n, k), la, lb);
+    };
+    fn operand<'a>(v: &'a [f32], l: &Layout) -> Operand<'a> {
+        Operand { data: &v[l.start_offset()..], row_stride: l.stride()[0], col_stride: l.stride()[1] }
+    }
+    let family = kernel_choice().map_err(candle_core::Error::msg)?.family(m, n);
+    let y = matmul(family, m, n, k, operand(av, la), operand(bv, lb)).map_err(candle_core::Error::msg)?;
+    Ok(CpuStorage::F32(y))
+}
+
+struct Linear;
+
+impl CustomOp2 for Linear {
+    fn name(&self) -> &'static str {
+        "linear"
+    }
+
+    // y = x · Wᵀ: the product of x and W's transposed layout (a view, no copy).
+    fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, w: &CpuStorage, lw: &Layout) -> Result<(CpuStorage, Shape)> {
+        MatMul.cpu_fwd(x, lx, w, &lw.transpose(0, 1)?)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        lx: &Layout,
+        w: &candle_core::CudaStorage,
+        lw: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        MatMul.cuda_fwd(x, lx, w, &lw.transpose(0, 1)?)
+    }
+
+    fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dx = g.apply_op2_no_bwd(w, &MatMul)?; // (m, n)(n, k)
+        let dw = g.t()?.apply_op2_no_bwd(x, &MatMul)?; // (n, m)(m, k): already in W's layout
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// `a · b` for 2-D operands in any strides, without a backward pass (the linear layer's
+/// forward and its gradients): on the CPU through [`cpu_matmul`]'s kernel choice.
+struct MatMul;
+
+impl CustomOp2 for MatMul {
+    fn name(&self) -> &'static str {
+        "matmul-2d"
+    }
+
+    fn cpu_fwd(&self, a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Result<(CpuStorage, Shape)> {
+        let ((m, k), (_, n)) = (la.shape().dims2()?, lb.shape().dims2()?);
+        Ok((cpu_matmul(a, la, b, lb, (m, n, k))?, Shape::from((m, n))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        a: &candle_core::CudaStorage,
+        la: &Layout,
+        b: &candle_core::CudaStorage,
+        lb: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let ((m, k), (_, n)) = (la.shape().dims2()?, lb.shape().dims2()?);
+        Ok((a.matmul(b, (1, m, n, k), la, lb)?, Shape::from((m, n))))
+    }
+}
+
+/// `x Wᵀ` for 2-D x (m, in) and W (out, in).
+pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if x.device().is_cpu() || x.device().is_cuda() {
+        x.contiguous()?.apply_op2(w, Linear)
+    } else {
+        x.matmul(&w.t()?)
+    }
+}
+
+// The kernels (declared after the dispatch macros above, which they use).
+mod heads;
+mod log_prob;
+mod norm;
+mod softmax;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,91 @@
+//! Each fused op against its composite reference: values and gradients.
+use super::*;
+use candle_core::{Device, Var};
+use rand::{Rng, SeedableRng};
+
+fn random(shape: &[usize], seed: u64) -> Tensor {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n).map(|_| rng.random::<f64>() * 2.0 - 1.0).collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f64>().unwrap()
+}
+
+type Op<'a> = &'a dyn Fn(&[Tensor]) -> Tensor;
+
+/// A fused op and its composite reference agree in value and in the gradient of every
+/// input for a random upstream gradient (f64, so the tolerance is tight). The composite is
+/// what runs on non-CPU devices.
+fn check(inputs: &[Tensor], fused: Op, composite: Op) {
+    let run = |f: Op| {
+        let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+        let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+        let y = f(&ts);
+        let probe = random(y.dims(), 99);
+        let grads = (&y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        let g: Vec<Tensor> = ts.iter().map(|t| grads.get(t).expect("gradient").clone()).collect();
+        (y, g)
+    };
+    let (yf, gf) = run(fused);
+    let (yc, gc) = run(composite);
+    assert!(max_diff(&yf, &yc) < 1e-10, "values differ by {}", max_diff(&yf, &yc));
+    for (i, (a, b)) in gf.iter().zip(&gc).enumerate() {
+        assert!(max_diff(a, b) < 1e-10, "gradient of input {i} differs by {}", max_diff(a, b));
+    }
+}
+
+/// The f32 linear layer (pbrl's kernel choice, `super::gemm`) against f64 candle matmuls,
+/// in value and gradients, below and above the wide-kernel threshold.
+#[test]
+fn f32_linear_matches_f64_matmul_in_value_and_gradients() {
+    for (m, n, k) in [(5, 3, 4), (130, 150, 140)] {
+        let (x, w, probe) = (random(&[m, k], 20), random(&[n, k], 21), random(&[m, n], 22));
+        let run = |dtype: DType, fused: bool| {
+            let (xv, wv) = (
+                Var::from_tensor(&x.to_dtype(dtype).unwrap()).unwrap(),
+                Var::from_tensor(&w.to_dtype(dtype).unwrap()).unwrap(),
+            );
+            let y =
+                if fused { linear(xv.as_tensor(), wv.as_tensor()) } else { xv.as_tensor().matmul(&wv.t().unwrap()) };
+            let y = y.unwrap();
+            let g = (&y * probe.to_dtype(dtype).unwrap()).unwrap().sum_all().unwrap().backward().unwrap();
+            let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+            [f64s(&y), f64s(g.get(xv.as_tensor()).unwrap()), f64s(g.get(wv.as_tensor()).unwrap())]
+        };
+        let (got, want) = (run(DType::F32, true), run(DType::F64, false));
+        for (what, (a, b)) in ["y", "dx", "dw"].iter().zip(got.iter().zip(&want)) {
+            assert!(max_diff(a, b) < 1e-4, "{m}x{n}x{k} {what} differs by {}", max_diff(a, b));
+        }
+    }
+}
+
+#[test]
+fn fused_ops_match_their_composite_references() {
+    let (b, s, n, d) = (2, 5, 3, 8);
+    let cos = random(&[b, s, d / 2], 1);
+    let sin = random(&[b, s, d / 2], 2);
+    let targets = Tensor::new(&[3u32, 0, 6, 2], &Device::Cpu).unwrap();
+    check(&[random(&[4, 3, 7], 5)], &|t| softmax_last_dim(&t[0]).unwrap(), &|t| softmax_composite(&t[0]).unwrap());
+    check(&[random(&[b * s, n * d], 7)], &|t| split_heads(&t[0], b, s, n, d, Some((&cos, &sin))).unwrap(), &|t| {
+        split_heads_composite(&t[0], b, s, n, d, Some((&cos, &sin))).unwrap()
+    });
+    check(&[random(&[b * s, n * d], 8)], &|t| split_heads(&t[0], b, s, n, d, None).unwrap(), &|t| {
+        split_heads_composite(&t[0], b, s, n, d, None).unwrap()
+    });
+    check(&[random(&[b, n, s, d], 9)], &|t| merge_heads(&t[0]).unwrap(), &|t| merge_heads_composite(&t[0]).unwrap());
+    check(&[random(&[5, 4], 10), random(&[3, 4], 11)], &|t| linear(&t[0], &t[1]).unwrap(), &|t| {
+        t[0].matmul(&t[1].t().unwrap()).unwrap()
+    });
+    // More rows than one block of the weight gradient's sum.
+    check(&[random(&[130, 6], 13), random(&[6], 14)], &|t| rms_norm(&t[0], &t[1], 1e-5).unwrap(), &|t| {
+        rms_norm_composite(&t[0], &t[1], 1e-5).unwrap()
+    });
+    // Targets carry no gradient: check the logits' gradient alone.
+    let logits = random(&[4, 7], 12);
+    check(&[logits], &|t| token_log_probs(&t[0], &targets).unwrap(), &|t| {
+        token_log_probs_composite(&t[0], &targets).unwrap()
+    });
+}

@@ -1,0 +1,90 @@
+//! `iterate`'s comparator (reference §8.2), built from the config for one round:
+//! - `current`: the team's own agents under their own seeded stream;
+//! - `current_copy`: the agents as they are, loaded onto `comparator_devices` (the team itself
+//!   when those are the agents' devices);
+//! - `model`: `comparator_agents`, or `comparator_model_name` for every role;
+//! - `history`: the team `comparator_history_k` rounds back (`policy_checkpoints/`), the base
+//!   models before there is one;
+//! - `api`: an HTTP endpoint.
+//!
+//! With `comparator_generation_mode = "centralized"` (and a decentralized team), actor
+//! `comparator_centralized_agent_index` of that comparator (or one API call) writes every role.
+use anyhow::{bail, Result};
+
+use super::api::ApiSource;
+use super::{role_templates, Agents, Centralized, ResponseSource, TeamSource, Writer};
+use crate::config::{Config, DeviceSpec};
+use crate::run::team::{saved_team, MANIFEST};
+use crate::run::RunDir;
+use crate::team::{load_as, Agent};
+
+/// The comparator of round `round` of a team.
+pub fn build<'a>(
+    cfg: &Config,
+    run_dir: &RunDir,
+    round: u32,
+    team: &'a [Agent],
+) -> Result<Box<dyn ResponseSource + 'a>> {
+    let devices = match &cfg.comparator_devices {
+        Some(spec) => DeviceSpec::resolve(Some(spec), team.len(), "comparator_devices")?,
+        None => DeviceSpec::resolve(cfg.agent_devices.as_ref(), team.len(), "agent_devices")?,
+    };
+    let load = |sources: &[String]| -> Result<Agents<'a>> {
+        Ok(Agents::Owned(load_as(team, sources, &devices, "comparator")?))
+    };
+    let agent_devices = DeviceSpec::resolve(cfg.agent_devices.as_ref(), team.len(), "agent_devices")?;
+    let agents = match cfg.comparator_policy.as_str() {
+        "current" => Agents::Borrowed(team),
+        "current_copy" if devices == agent_devices => Agents::Borrowed(team),
+        "current_copy" => {
+            let sources = match saved_team(&run_dir.agents(), team.len())? {
+                Some(dirs) => dirs.iter().map(|d| d.display().to_string()).collect(),
+                None => cfg.agent_sources()?,
+            };
+            load(&sources)?
+        }
+        "model" => {
+            let sources = match (&cfg.comparator_agents, &cfg.comparator_model_name) {
+                (Some(a), _) => a.clone(),
+                (None, Some(m)) => vec![m.clone(); team.len()],
+                (None, None) => unreachable!("validated: the model policy names its models"),
+            };
+            load(&sources)?
+        }
+        "history" => {
+            let k = cfg.comparator_history_k.expect("validated: history has k");
+            let target = round as i64 - 1 - k;
+            let snapshot = (0..=target.max(-1))
+                .rev()
+                .filter(|&j| j >= 0)
+                .map(|j| run_dir.policy_snapshot(j as usize))
+                .find(|d| d.join(MANIFEST).is_file());
+            let sources = match snapshot.map(|d| saved_team(&d, team.len())).transpose()?.flatten() {
+                Some(dirs) => dirs.iter().map(|d| d.display().to_string()).collect(),
+                None => cfg.agent_sources()?, // the initial policy: the base models
+            };
+            load(&sources)?
+        }
+        "api" => {
+            let api = ApiSource::new(cfg, team)?;
+            return Ok(match centralized_writer(cfg) {
+                Some(index) => {
+                    Box::new(Centralized { writer: Writer::Api(api), index, templates: role_templates(cfg) })
+                }
+                None => Box::new(api),
+            });
+        }
+        other => bail!("comparator_policy = \"{other}\" is not a comparator pbrl knows"),
+    };
+    let source = TeamSource::new(agents, cfg.sampling());
+    Ok(match centralized_writer(cfg) {
+        Some(index) => Box::new(Centralized { writer: Writer::Agent(source), index, templates: role_templates(cfg) }),
+        None => Box::new(source),
+    })
+}
+
+/// The actor whose place a centralized comparator takes, when it writes every role.
+fn centralized_writer(cfg: &Config) -> Option<usize> {
+    let centralized = cfg.comparator_generation_mode == "centralized" && cfg.collaboration_mode != "centralized";
+    centralized.then_some(cfg.comparator_centralized_agent_index as usize)
+}

@@ -1,0 +1,189 @@
+//! What every MARLHF backend shares: the reward model, the train items, the team and its frozen
+//! references loaded and checked (`Setup`); the seeded rollouts, the reward model's scores of
+//! joint responses, the reference KL of each completion, and the rollout metrics.
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+
+use crate::algo::reference_kl::k3_sequence_kl;
+use crate::config::Config;
+use crate::device::parse_device;
+use crate::model::scoring::{token_log_probs, LastToken, ScoreRow};
+use crate::model::{LoadedModel, Mode};
+use crate::reward_model::fit::{FitReportFile, FRESH_RANK_WARN};
+use crate::reward_model::JointRewardModel;
+use crate::rng::{derive_seed, purpose};
+use crate::run::RunDir;
+use crate::task::split::train_items;
+use crate::task::TaskItem;
+use crate::team::rollout::{rollout, Rollout};
+use crate::team::{check_fits, load_reference_team, load_team, Agent};
+
+/// Joint texts per reward-model forward pass.
+pub(super) const SCORE_BATCH: usize = 8;
+
+/// What every backend trains on: the reward model, the train items (with their indices in
+/// the file, which seed the rollouts), the team and its frozen references.
+pub(crate) struct Setup {
+    pub rm: JointRewardModel,
+    /// The reward model's digest, for the fingerprint.
+    pub rm_digest: String,
+    pub indices: Vec<usize>,
+    pub items: Vec<TaskItem>,
+    pub team: Vec<Agent>,
+    pub reference: Option<Vec<Agent>>,
+}
+
+/// Warn (not refuse) when `fit-rm` measured that the reward model orders fresh samples of one
+/// prompt little better than chance: group advantages then follow noise.
+fn warn_on_fresh_rank(run_dir: &RunDir) {
+    let report = std::fs::read(run_dir.fit_report()).ok();
+    let report = report.and_then(|b| serde_json::from_slice::<FitReportFile>(&b).ok());
+    let acc = report.and_then(|r| r.fresh_rank).map(|f| f.fresh_rank_acc);
+    if let Some(acc) = acc.filter(|&a| a < FRESH_RANK_WARN) {
+        tracing::warn!("rm/fresh_rank_acc {acc:.3} < {FRESH_RANK_WARN}");
+        eprintln!(
+            "warning: the reward model orders fresh samples of one prompt the task reward's way only {:.0}% of the \
+             time (rm/fresh_rank_acc {acc:.3} < {FRESH_RANK_WARN}); MARLHF's advantages will be mostly noise",
+            acc * 100.0
+        );
+    }
+}
+
+impl Setup {
+    /// Load everything; `items_per_buffer` items are sampled at once (`num_generations` each).
+    pub(super) fn load(cfg: &Config, run_dir: &RunDir, items_per_buffer: usize, buffer_keys: &str) -> Result<Self> {
+        let rm_dir = run_dir.reward_model();
+        if !JointRewardModel::exists(&rm_dir) {
+            bail!("{} holds no reward model; run `pbrl fit-rm` first", rm_dir.display());
+        }
+        let (_, rm_device) = cfg.reward_model_source()?;
+        let rm = JointRewardModel::load(&rm_dir, &parse_device(&rm_device, "reward_model_device")?)?;
+        if rm.num_agents != cfg.num_agents as usize {
+            bail!("{} scores teams of {} agents, this config has {}", rm_dir.display(), rm.num_agents, cfg.num_agents);
+        }
+        warn_on_fresh_rank(run_dir);
+        let (indices, items): (Vec<usize>, Vec<TaskItem>) = train_items(cfg)?.into_iter().unzip();
+        if items.is_empty() {
+            bail!("no train items to learn from");
+        }
+        let team = load_team(cfg, run_dir)?;
+        let rows = items_per_buffer * cfg.num_generations as usize;
+        check_fits(&team, &items, &cfg.max_new_tokens(), (rows, buffer_keys), "train")?;
+        let reference = if cfg.reference_kl_enabled { Some(reference_team(cfg, &team)?) } else { None };
+        let rm_digest = JointRewardModel::digest(&rm_dir)?;
+        Ok(Self { rm, rm_digest, indices, items, team, reference })
+    }
+
+    /// Every agent's `k` samples for the items `chunk` (indices into `items`), each request
+    /// seeded by epoch, item, agent and sample; `tokens` counts the generated tokens.
+    pub fn rollout(&self, cfg: &Config, epoch: u64, chunk: &[usize], tokens: &mut usize) -> Result<Rollout> {
+        let batch: Vec<TaskItem> = chunk.iter().map(|&i| self.items[i].clone()).collect();
+        let seed = |j: usize, a: usize, s: usize| {
+            derive_seed(cfg.seed, &[purpose::RL_ROLLOUT, epoch, self.indices[chunk[j]] as u64, a as u64, s as u64])
+        };
+        rollout(&self.team, &batch, cfg.num_generations as usize, &cfg.sampling(), seed, |n| *tokens += n)
+    }
+
+    /// `kls[a][j][s]`: agent a's reference KL on its completion in joint response s of item j
+    /// (zeros without the reference KL).
+    pub fn reference_kls(&self, out: &Rollout) -> Result<Vec<Vec<Vec<f64>>>> {
+        match &self.reference {
+            Some(refs) => self.team.iter().zip(refs).map(|(a, r)| reference_kls(a, r, out)).collect(),
+            None => {
+                let k = out.responses.first().map_or(0, Vec::len);
+                Ok(vec![vec![vec![0.0; k]; out.responses.len()]; self.team.len()])
+            }
+        }
+    }
+}
+
+/// The reference's metrics of a buffer's rollouts: reward-model scores and reference KLs.
+/// `expected_return` is the mean return the advantages start from: the raw scores for the
+/// MAGRPO family (whose KL enters its advantages), the KL-shaped ones for the actor-critic
+/// backends (`shaped`).
+pub(super) fn rollout_metrics(
+    cfg: &Config,
+    returns: &[Vec<f64>],
+    kls: &[Vec<Vec<f64>>],
+    shaped: bool,
+    metrics: &mut Value,
+) {
+    let all: Vec<f64> = returns.iter().flatten().copied().collect();
+    metrics["turn_1/reward_mean"] = json!(mean(&all));
+    let shaped_returns = kls.iter().flat_map(|agent| {
+        agent.iter().zip(returns).flat_map(|(k, r)| k.iter().zip(r).map(|(kl, r)| r - cfg.reference_kl_coef * kl))
+    });
+    metrics["turn_1/expected_return"] =
+        json!(if shaped && cfg.reference_kl_enabled { mean(&shaped_returns.collect::<Vec<_>>()) } else { mean(&all) });
+    if cfg.reference_kl_enabled {
+        let kl_all: Vec<f64> = kls.iter().flatten().flatten().copied().collect();
+        metrics["turn_1/reference_kl_mean"] = json!(mean(&kl_all));
+        metrics["turn_1/reference_kl_penalty_mean"] = json!(cfg.reference_kl_coef * mean(&kl_all));
+    }
+}
+
+/// Mean |x| (0 for none): the advantage magnitude both backends log.
+pub(super) fn abs_mean(xs: &[f64]) -> f64 {
+    xs.iter().map(|x| x.abs()).sum::<f64>() / xs.len().max(1) as f64
+}
+
+pub(super) fn mean(xs: &[f64]) -> f64 {
+    xs.iter().sum::<f64>() / xs.len().max(1) as f64
+}
+
+/// The reward model's score of every joint response, `[item][sample]`, without gradients.
+pub(super) fn joint_scores(rm: &JointRewardModel, out: &Rollout) -> Result<Vec<Vec<f64>>> {
+    let mut rows = Vec::new();
+    for (j, responses) in out.responses.iter().enumerate() {
+        for s in 0..responses.len() {
+            rows.push(rm.encode(&out.prompts[j], &out.texts(j, s))?);
+        }
+    }
+    let scores = rm.score(&rows, SCORE_BATCH)?;
+    if let Some(bad) = scores.iter().position(|s| !s.is_finite()) {
+        bail!("the reward model scored joint response {bad} of this buffer {}: not a usable reward", scores[bad]);
+    }
+    let k = out.responses.first().map_or(0, Vec::len);
+    Ok(scores.chunks(k.max(1)).map(<[f64]>::to_vec).collect())
+}
+
+/// The token generation pads an agent's rows with: the model's pad token (transformers'
+/// `generate` pads with it), else its first stop token.
+pub(super) fn rollout_pad(agent: &Agent) -> u32 {
+    agent.model.model.config.pad_token_id.unwrap_or(agent.model.tokenizer.stop_ids[0])
+}
+
+/// Agent `a`'s k3 reference KL on each of its completions, `[item][sample]`: over the response
+/// up to its first pad token (where the reference measures a response's length), under the
+/// agent and its frozen reference, without gradients.
+pub(super) fn reference_kls(agent: &Agent, reference: &Agent, out: &Rollout) -> Result<Vec<Vec<f64>>> {
+    let a = agent.index;
+    let pad = rollout_pad(agent);
+    let mut rows = Vec::new();
+    for (j, responses) in out.responses.iter().enumerate() {
+        for joint in responses {
+            let ids = &joint[a].ids;
+            let len = ids.iter().position(|&t| t == pad).unwrap_or(ids.len());
+            rows.push(ScoreRow { prompt: out.prompt_ids[j][a].clone(), completion: ids[..len].to_vec() });
+        }
+    }
+    let per_token =
+        |m: &LoadedModel| token_log_probs(&m.model, &rows, LastToken::Include, m.tokenizer.pad_id, Mode::Infer);
+    let (p, r) = (per_token(&agent.model)?, per_token(&reference.model)?);
+    let mut kls = Vec::with_capacity(rows.len());
+    for (i, row) in rows.iter().enumerate() {
+        kls.push(match (&p, &r) {
+            (Some(p), Some(r)) if !row.completion.is_empty() => k3_sequence_kl(&p.row(i)?, &r.row(i)?),
+            _ => 0.0,
+        });
+    }
+    let k = out.responses.first().map_or(0, Vec::len);
+    Ok(kls.chunks(k.max(1)).map(<[f64]>::to_vec).collect())
+}
+
+/// The frozen reference of each agent: its configured model (`agent_model` / `agents`), as
+/// the reference's MARLHF starts from it. Not the team in `agents/`: a resumed or extended run
+/// has overwritten that with its own agents.
+pub(super) fn reference_team(cfg: &Config, team: &[Agent]) -> Result<Vec<Agent>> {
+    load_reference_team(cfg, team, &cfg.agent_sources()?, "reference model")
+}
