@@ -4,9 +4,10 @@
 //! Every mistake is reported as one line naming the file, the key and (for syntax errors and
 //! unknown keys) the line: a [`ConfigError`].
 //!
-//! `mod.rs` is the file format (one flat serde struct, so unknown keys keep failing) and the
-//! typed views stages take; `rules.rs` the reference-order validation; `overrides.rs` the
-//! command line's `KEY=VALUE` and the one-line error messages.
+//! `mod.rs` is the file format (one flat serde struct, so unknown keys keep failing);
+//! `values.rs` the values a key may take in more than one form; `views.rs` the typed views
+//! stages take; `rules.rs` the reference-order validation; `overrides.rs` the command line's
+//! `KEY=VALUE` and the one-line error messages.
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer, Serialize};
@@ -15,8 +16,11 @@ mod overrides;
 mod rules;
 #[cfg(test)]
 mod tests;
+mod values;
+mod views;
 
 pub use overrides::{closest, Override};
+pub use values::{DeviceSpec, EvalSplit, TokenLimit};
 
 use crate::reward_model::RewardHeadKind;
 use crate::train::optim::LrSchedule;
@@ -47,110 +51,6 @@ fn opt<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>
         OrNone::Word(w) if matches!(w.to_lowercase().as_str(), "none" | "null" | "") => Ok(None),
         OrNone::Word(w) => {
             Err(serde::de::Error::custom(format!("invalid value `{w}` (use a value of the right type, or \"none\")")))
-        }
-    }
-}
-
-/// One device string for every actor, or one per actor.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum DeviceSpec {
-    One(String),
-    PerActor(Vec<String>),
-}
-
-impl DeviceSpec {
-    /// The device string of each of `n` actors.
-    pub fn resolve(spec: Option<&DeviceSpec>, n: usize, key: &str) -> Result<Vec<String>, ConfigError> {
-        match spec {
-            None => Ok(vec!["cpu".to_string(); n]),
-            Some(DeviceSpec::One(s)) if s == "auto" => Ok(vec!["cpu".to_string(); n]),
-            Some(DeviceSpec::One(s)) => Ok(vec![s.clone(); n]),
-            Some(DeviceSpec::PerActor(v)) if v.len() == n => Ok(v.clone()),
-            Some(DeviceSpec::PerActor(v)) => err(format!("{key} has {} entries but there are {n} actors", v.len())),
-        }
-    }
-}
-
-/// `max_new_tokens`: one limit for every actor, or one per actor (a list, like
-/// `task.formatters`), so a brief and a detailed writer can have limits of their own.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(untagged)]
-pub enum TokenLimit {
-    One(i64),
-    PerActor(Vec<i64>),
-}
-
-impl TokenLimit {
-    /// The limit of each of `n` actors (validated: a list has one entry per actor, each >= 1).
-    pub fn resolve(&self, n: usize) -> Result<Vec<usize>, ConfigError> {
-        let limits = match self {
-            TokenLimit::One(t) => vec![*t; n],
-            TokenLimit::PerActor(v) if v.len() == n => v.clone(),
-            TokenLimit::PerActor(v) => {
-                return err(format!(
-                    "max_new_tokens has {} entries but there are {n} actors; give one number or one per actor",
-                    v.len()
-                ))
-            }
-        };
-        if limits.iter().any(|&t| t < 1) {
-            return err("max_new_tokens must be >= 1.");
-        }
-        Ok(limits.into_iter().map(|t| t as usize).collect())
-    }
-}
-
-impl<'de> Deserialize<'de> for TokenLimit {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            One(i64),
-            PerActor(Vec<i64>),
-            Other(toml::Value),
-        }
-        match Raw::deserialize(d)? {
-            Raw::One(t) => Ok(TokenLimit::One(t)),
-            Raw::PerActor(v) => Ok(TokenLimit::PerActor(v)),
-            Raw::Other(v) => Err(serde::de::Error::custom(format!(
-                "invalid value `{v}` (use an integer, or a list of integers with one per actor)"
-            ))),
-        }
-    }
-}
-
-/// The items of the periodic evaluation during training: the eval file, or a share of the train
-/// items (a number in (0, 1)) held out from collection and training.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum EvalSplit {
-    EvalFile,
-    TrainShare(f64),
-}
-
-impl Serialize for EvalSplit {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            EvalSplit::EvalFile => s.serialize_str("eval_file"),
-            EvalSplit::TrainShare(x) => s.serialize_f64(*x),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for EvalSplit {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Share(f64),
-            Word(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Share(x) => Ok(EvalSplit::TrainShare(x)),
-            Raw::Word(w) if w == "eval_file" => Ok(EvalSplit::EvalFile),
-            Raw::Word(w) => Err(serde::de::Error::custom(format!(
-                "invalid value `{w}` (use \"eval_file\" or a share of the train items in (0, 1))"
-            ))),
         }
     }
 }
@@ -592,116 +492,5 @@ impl Config {
     /// The resolved configuration as TOML (all defaults filled in).
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("config serializes")
-    }
-
-    /// Each actor's `max_new_tokens` (one entry per actor and each >= 1: checked when the
-    /// config loads).
-    pub fn max_new_tokens(&self) -> Vec<usize> {
-        match &self.max_new_tokens {
-            TokenLimit::One(t) => vec![*t as usize; self.num_actors()],
-            TokenLimit::PerActor(v) => v.iter().map(|&t| t as usize).collect(),
-        }
-    }
-
-    /// Each actor's sampling settings, as every stage uses them (collection, evaluation,
-    /// exported agents): the same but for `max_new_tokens`, which may be per actor.
-    pub fn sampling(&self) -> Vec<crate::model::SamplingParams> {
-        self.max_new_tokens()
-            .into_iter()
-            .map(|max_new_tokens| crate::model::SamplingParams {
-                temperature: self.temperature,
-                top_p: self.top_p,
-                top_k: self.top_k.map(|k| k as usize),
-                max_new_tokens,
-            })
-            .collect()
-    }
-
-    /// `preference_replay_sample_size` as a count.
-    pub fn replay_sample_size(&self) -> Option<usize> {
-        self.preference_replay_sample_size.map(|s| s as usize)
-    }
-
-    /// Sampling requests per evaluation batch, and the keys that set it.
-    pub fn eval_rows(&self) -> (usize, &'static str) {
-        let rows = (self.eval_batch_size as usize).saturating_mul(self.eval_samples_per_item as usize);
-        (rows, "eval_batch_size × eval_samples_per_item")
-    }
-
-    /// Pairs per preference update (train_batch_size, defaulting to rollout_buffer_size).
-    pub fn pairs_per_update(&self) -> usize {
-        self.train_batch_size.unwrap_or(self.rollout_buffer_size) as usize
-    }
-
-    /// The replay mode with its parameter (validated).
-    pub fn replay_mode(&self) -> crate::prefs::replay::ReplayMode {
-        use crate::prefs::replay::ReplayMode;
-        match self.preference_replay_mode.as_str() {
-            "nearest_k" => ReplayMode::NearestK(self.preference_replay_k.unwrap_or(1) as usize),
-            "all_history" => ReplayMode::AllHistory,
-            "lambda_decay" => ReplayMode::LambdaDecay(self.preference_replay_lambda.unwrap_or(1.0)),
-            _ => ReplayMode::Current,
-        }
-    }
-
-    /// How many models act: one per agent, or the one centralized actor writing every role.
-    pub fn num_actors(&self) -> usize {
-        if self.collaboration_mode == "centralized" {
-            1
-        } else {
-            self.num_agents as usize
-        }
-    }
-
-    /// The reward model's backbone source and device (reference §7.1: `reward_model_name`, else
-    /// the actors' model; the device: `reward_model_device`, else the first actor's).
-    /// The team's shape, for errors: "num_agents 2, collaboration_mode decentralized".
-    pub fn team_setup(&self) -> String {
-        format!("num_agents {}, collaboration_mode {}", self.num_agents, self.collaboration_mode)
-    }
-
-    /// The reward head's hidden layer width (pooled head).
-    pub fn reward_head_hidden(&self) -> usize {
-        self.reward_head_hidden.map_or(DEFAULT_REWARD_HEAD_HIDDEN, |d| d as usize)
-    }
-
-    pub fn reward_model_source(&self) -> Result<(String, String), ConfigError> {
-        let source = match &self.reward_model_name {
-            Some(s) => s.clone(),
-            None => self.agent_sources()?.swap_remove(0),
-        };
-        let device = match &self.reward_model_device {
-            Some(d) => d.clone(),
-            None => {
-                DeviceSpec::resolve(self.agent_devices.as_ref(), self.num_actors(), "agent_devices")?.swap_remove(0)
-            }
-        };
-        Ok((source, device))
-    }
-
-    /// The MAGRPO-family advantage mode `rl_algorithm` implies (reference
-    /// `_apply_magrpo_family_args`); `None` for the actor-critic backends.
-    pub fn marlhf_advantage_mode(&self) -> Option<&'static str> {
-        match self.rl_algorithm.as_str() {
-            "magrpo" => Some("mean"),
-            "mareinforce" => Some("raw"),
-            "maremax" => Some("max"),
-            "marloo" => Some("rloo"),
-            _ => None,
-        }
-    }
-
-    /// The model source of each actor.
-    pub fn agent_sources(&self) -> Result<Vec<String>, ConfigError> {
-        let n = self.num_actors();
-        match (&self.agents, &self.agent_model) {
-            (Some(a), _) if a.len() == n => Ok(a.clone()),
-            (Some(_), _) if self.collaboration_mode == "centralized" => {
-                err("Centralized collaboration requires exactly one actor model: `agents` must list one model.")
-            }
-            (Some(a), _) => err(format!("agents lists {} models but num_agents is {n}", a.len())),
-            (None, Some(m)) => Ok(vec![m.clone(); n]),
-            (None, None) => err("no model: set `agent_model` (one source for all agents) or `agents` (one per agent)"),
-        }
     }
 }

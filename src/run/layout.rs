@@ -100,6 +100,15 @@ impl RunDir {
         self.root.join("marlhf_training")
     }
 
+    /// A training's summary and plot, in its state directory (`madpo_state`, `reward_model_state`,
+    /// `marlhf_state`).
+    pub fn training_summary(state: &Path) -> PathBuf {
+        state.join("training_summary.json")
+    }
+    pub fn training_plot(state: &Path) -> PathBuf {
+        state.join("training_plot.svg")
+    }
+
     pub fn eval(&self) -> PathBuf {
         self.root.join("eval")
     }

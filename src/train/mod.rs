@@ -6,3 +6,4 @@ pub mod madpo;
 pub mod marlhf;
 pub mod optim;
 pub mod session;
+pub mod training_plot;

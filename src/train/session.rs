@@ -410,12 +410,9 @@ impl<'a> Session<'a> {
             best_eval: best,
             saved: if use_best { "best" } else { "final" },
         };
-        let path = self.state_dir.join("training_summary.json");
-        crate::run::atomic_write(&path, &serde_json::to_vec_pretty(&summary)?)?;
-        crate::run::atomic_write(
-            &self.state_dir.join("training_plot.svg"),
-            training_plot(self.run_dir, self.stage)?.as_bytes(),
-        )?;
+        let plot = super::training_plot::training_plot(self.run_dir, self.stage)?;
+        crate::run::atomic_write(&RunDir::training_summary(&self.state_dir), &serde_json::to_vec_pretty(&summary)?)?;
+        crate::run::atomic_write(&RunDir::training_plot(&self.state_dir), plot.as_bytes())?;
         checkpoint::mark_finished(&self.state_dir, &checkpoint::Finished { epochs: self.progress.epoch })?;
         Ok(summary)
     }
@@ -445,66 +442,6 @@ impl Session<'_> {
         save_team_to(&self.run_dir.final_agents(), &self.team_models(), &self.cfg.sampling(), None)
     }
 }
-
-/// The plot of this stage's latest run in metrics.jsonl (from its last "start" line, the
-/// newest line of each update): eval reward, then every per-update series a stage logs under
-/// the plotted prefixes, one panel per quantity with a line per agent.
-fn training_plot(run_dir: &RunDir, stage: &str) -> Result<String> {
-    let text = std::fs::read_to_string(run_dir.metrics()).unwrap_or_default();
-    let lines: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect();
-    let mine = |v: &&Value| v["stage"] == stage;
-    let start = lines.iter().rposition(|v| mine(&v) && v["event"] == "start").unwrap_or(0);
-    // (quantity, series) -> update -> value, later lines replacing earlier ones.
-    let mut points: std::collections::BTreeMap<(String, String), std::collections::BTreeMap<u64, f64>> =
-        Default::default();
-    for v in lines[start..].iter().filter(mine).filter(|v| v.get("event").is_none()) {
-        let Some(update) = v["update"].as_u64() else { continue };
-        for (k, x) in v.as_object().into_iter().flatten() {
-            let Some(x) = x.as_f64() else { continue };
-            let (quantity, series) = match k.as_str() {
-                "eval/turn_1/reward_mean" => ("eval reward (mean)".to_string(), "reward".to_string()),
-                k if k.starts_with("eval/agent_") => {
-                    let (agent, what) = k["eval/".len()..].split_once('/').unwrap_or((k, ""));
-                    (format!("eval {}", what.replace('_', " ")), agent.to_string())
-                }
-                k if PLOTTED.iter().any(|p| k.starts_with(p)) => match k.rsplit_once("/agent_") {
-                    Some((q, a)) => (q.to_string(), format!("agent_{a}")),
-                    None => (k.to_string(), k.rsplit('/').next().unwrap_or(k).to_string()),
-                },
-                _ => continue,
-            };
-            points.entry((quantity, series)).or_default().insert(update, x);
-        }
-    }
-    let mut panels: Vec<crate::plot::Panel> = Vec::new();
-    for ((quantity, series), pts) in points {
-        let pts: Vec<(f64, f64)> = pts.into_iter().map(|(u, x)| (u as f64, x)).collect();
-        match panels.iter_mut().find(|p| p.title == quantity) {
-            Some(p) => p.series.push((series, pts)),
-            None => panels.push(crate::plot::Panel { title: quantity, series: vec![(series, pts)] }),
-        }
-    }
-    // Eval reward first.
-    panels.sort_by_key(|p| !p.title.starts_with("eval reward"));
-    Ok(crate::plot::line_panels(&format!("{stage}: {}", run_dir.root.display()), "update", &panels))
-}
-
-/// The per-update metrics the training plot shows (besides the evaluations).
-const PLOTTED: &[&str] = &[
-    "madpo/loss",
-    "madpo/joint_margin_mean",
-    "madpo/winner_tokens",
-    "madpo/loser_tokens",
-    "madpo/winner_shorter",
-    "madpo/implied_kl",
-    "rm/loss",
-    "rm/accuracy",
-    "rm/eval_accuracy",
-    "rm/eval_margin_mean",
-    "turn_1/reward_mean",
-    "turn_1/reference_kl_mean",
-    "marlhf/loss",
-];
 
 /// Every weight of a model, by name (the team's optimizers update them all).
 pub fn all_weights(m: &LoadedModel) -> Vec<(String, Var)> {

@@ -1,0 +1,109 @@
+//! Keys whose values come in more than one form: a device for every actor or one each, a
+//! token limit for every actor or one each, the held-out share or the eval file.
+use serde::{Deserialize, Deserializer, Serialize};
+
+use super::{err, ConfigError};
+
+/// One device string for every actor, or one per actor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum DeviceSpec {
+    One(String),
+    PerActor(Vec<String>),
+}
+
+impl DeviceSpec {
+    /// The device string of each of `n` actors.
+    pub fn resolve(spec: Option<&DeviceSpec>, n: usize, key: &str) -> Result<Vec<String>, ConfigError> {
+        match spec {
+            None => Ok(vec!["cpu".to_string(); n]),
+            Some(DeviceSpec::One(s)) if s == "auto" => Ok(vec!["cpu".to_string(); n]),
+            Some(DeviceSpec::One(s)) => Ok(vec![s.clone(); n]),
+            Some(DeviceSpec::PerActor(v)) if v.len() == n => Ok(v.clone()),
+            Some(DeviceSpec::PerActor(v)) => err(format!("{key} has {} entries but there are {n} actors", v.len())),
+        }
+    }
+}
+
+/// `max_new_tokens`: one limit for every actor, or one per actor (a list, like
+/// `task.formatters`), so a brief and a detailed writer can have limits of their own.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum TokenLimit {
+    One(i64),
+    PerActor(Vec<i64>),
+}
+
+impl TokenLimit {
+    /// The limit of each of `n` actors (validated: a list has one entry per actor, each >= 1).
+    pub fn resolve(&self, n: usize) -> Result<Vec<usize>, ConfigError> {
+        let limits = match self {
+            TokenLimit::One(t) => vec![*t; n],
+            TokenLimit::PerActor(v) if v.len() == n => v.clone(),
+            TokenLimit::PerActor(v) => {
+                return err(format!(
+                    "max_new_tokens has {} entries but there are {n} actors; give one number or one per actor",
+                    v.len()
+                ))
+            }
+        };
+        if limits.iter().any(|&t| t < 1) {
+            return err("max_new_tokens must be >= 1.");
+        }
+        Ok(limits.into_iter().map(|t| t as usize).collect())
+    }
+}
+
+impl<'de> Deserialize<'de> for TokenLimit {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            One(i64),
+            PerActor(Vec<i64>),
+            Other(toml::Value),
+        }
+        match Raw::deserialize(d)? {
+            Raw::One(t) => Ok(TokenLimit::One(t)),
+            Raw::PerActor(v) => Ok(TokenLimit::PerActor(v)),
+            Raw::Other(v) => Err(serde::de::Error::custom(format!(
+                "invalid value `{v}` (use an integer, or a list of integers with one per actor)"
+            ))),
+        }
+    }
+}
+
+/// The items of the periodic evaluation during training: the eval file, or a share of the train
+/// items (a number in (0, 1)) held out from collection and training.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum EvalSplit {
+    EvalFile,
+    TrainShare(f64),
+}
+
+impl Serialize for EvalSplit {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            EvalSplit::EvalFile => s.serialize_str("eval_file"),
+            EvalSplit::TrainShare(x) => s.serialize_f64(*x),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EvalSplit {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Share(f64),
+            Word(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Share(x) => Ok(EvalSplit::TrainShare(x)),
+            Raw::Word(w) if w == "eval_file" => Ok(EvalSplit::EvalFile),
+            Raw::Word(w) => Err(serde::de::Error::custom(format!(
+                "invalid value `{w}` (use \"eval_file\" or a share of the train items in (0, 1))"
+            ))),
+        }
+    }
+}
