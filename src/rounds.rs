@@ -32,7 +32,7 @@ pub enum Scorer {
     /// The task reward on the roles' outputs, then the reward processor.
     Oracle { reward: Box<dyn TaskReward>, processor: RewardProcessor, collab: Collaboration },
     /// A fitted joint reward model (MARLHF's `preference_scoring_reward = "reward_model"`).
-    RewardModel(JointRewardModel),
+    RewardModel(Box<JointRewardModel>),
 }
 
 impl Scorer {

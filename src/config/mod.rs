@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Deserializer, Serialize};
 
 mod overrides;
+pub mod reference;
 mod rules;
 #[cfg(test)]
 mod tests;
@@ -55,13 +56,17 @@ fn opt<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>
     }
 }
 
+/// The task: its items and how each agent's prompt is written from an item.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TaskConfig {
-    /// JSONL: one task item (a JSON object) per line.
+    /// JSONL: one task item (a JSON object) per line; the items collection and training use.
     pub train_file: Option<PathBuf>,
+    /// JSONL: the held-out items `pbrl eval` (and, with `eval_split = "eval_file"`, the periodic
+    /// evaluations) use.
     pub eval_file: Option<PathBuf>,
-    /// One prompt template per agent; `{field}` is replaced by the item's field.
+    /// One prompt template per agent, or one for all; `{field}` is replaced by the item's field,
+    /// `{{` and `}}` are literal braces.
     pub formatters: Vec<String>,
     /// Optional per-agent system prompts for the chat template.
     pub system_prompts: Option<Vec<String>>,
@@ -86,13 +91,25 @@ impl Default for TaskConfig {
 }
 
 /// The task reward and its `reward_processor` (x * scale + shift). Parameters of the chosen kind
-/// sit in the same table and are checked by the reward itself.
+/// sit in the same table and are checked by the reward itself:
+///
+/// | kind | parameters | reward |
+/// |---|---|---|
+/// | `length_ratio` | `target_min` = 2, `target_max` = 3 | r = len(agent 1) / len(agent 0) in characters; 1 inside [min, max], exp(−distance) outside; 0 when agent 0's answer is empty |
+/// | `tldr_length` | `target_chars` = 220, `tolerance` = 110 | the reference's TL;DR dual-length reward: the ratio score (1 in [2, 3]) and the concise length's score, averaged, in [−1, 1]; −1 when an answer is empty |
+/// | `numeric_answer` | `answer_field` = "answer", `tolerance` = 1e-6 | 1 when the last agent's last `\boxed{}` (else its last number) equals the item's answer |
+/// | `keywords` | `keywords` = [], `keywords_field` = "keywords", `regex` = false, `whole_words` = false, `max_words` = [] | the share of the keywords (the config's and the item's) found, case-insensitively, in the agents' texts; `whole_words`: only as whole words; `max_words`: per role, only its first N words are searched (0: all) |
+/// | `command` | `command` = [program, args...], `env` = [variable names] | an external program speaking JSON lines: one request per item, `{"prompts", "completions", "items"}`, one answer `{"rewards": [...]}`; it gets `PATH`, `HOME`, `LANG` and the variables `env` names, nothing else |
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RewardConfig {
+    /// Which reward (the table above).
     pub kind: String,
+    /// The reward processor's scale: x * scale + shift.
     pub scale: f64,
+    /// The reward processor's shift.
     pub shift: f64,
+    /// The kind's parameters (the table above).
     #[serde(flatten)]
     pub params: toml::Table,
 }
@@ -108,7 +125,10 @@ impl Default for RewardConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     // --- pbrl's own keys --------------------------------------------------------------------
+    /// Every output of every stage goes under it (`--run-dir` overrides it).
     pub run_dir: PathBuf,
+    /// Every random stream derives from it: the same config and seed give the same samples, pairs and
+    /// agents on the same device.
     pub seed: u64,
     /// One model source for every agent (GGUF file, HF directory or hub id) ...
     pub agent_model: Option<String>,
@@ -129,12 +149,16 @@ pub struct Config {
     pub log_reward_distribution: bool,
     /// Where round files go (default `<run_dir>/preference_replay`).
     pub preference_replay_dir: Option<PathBuf>,
-    /// Which stored rounds a training phase sees (reference §9; aliases accepted).
+    /// Which stored rounds a training phase sees (reference §9; aliases accepted): "current" (the
+    /// newest round), "nearest_k", "all_history" or "lambda_decay" (a sample of the rounds).
     pub preference_replay_mode: String,
+    /// `nearest_k`: how many of the newest rounds training sees.
     #[serde(deserialize_with = "opt")]
     pub preference_replay_k: Option<i64>,
+    /// `lambda_decay`: a round `a` rounds back (0: the newest) weighs lambda^a, normalized.
     #[serde(deserialize_with = "opt")]
     pub preference_replay_lambda: Option<f64>,
+    /// Pairs in a sample of the selected rounds (default: as many as the newest round holds).
     #[serde(deserialize_with = "opt")]
     pub preference_replay_sample_size: Option<i64>,
     /// Write a resumable checkpoint every this many epochs (0: none).
@@ -172,42 +196,82 @@ pub struct Config {
     pub reward_fresh_samples: i64,
 
     // --- reference MADPOConfig fields -------------------------------------------------------
+    /// Epochs over the pairs (MADPO), over the train items (MARLHF's RL), per round in `iterate`.
     pub num_train_epochs: i64,
+    /// AdamW's learning rate of the agents (PyTorch defaults otherwise).
     pub agent_learning_rate: f64,
+    /// Validated as the reference does (>= 1); pbrl logs every update.
     pub logging_steps: i64,
+    /// Agents in the team; with a centralized actor, the number of roles it writes.
     pub num_agents: i64,
+    /// "decentralized" (one actor per role) or "centralized" (one actor writes every role in one tagged
+    /// reply).
     pub collaboration_mode: String,
+    /// "none" or "mp" (needs `agent_devices`), validated as the reference does; the agents train in
+    /// turn either way, with the same results.
     pub parallel_training: String,
+    /// "cpu", "cuda:N" (build with `--features cuda`), or a list with one device per actor; default
+    /// "cpu".
     pub agent_devices: Option<DeviceSpec>,
     /// Tokens each actor may generate per answer: one number, or a list with one per actor.
     pub max_new_tokens: TokenLimit,
+    /// Sampling temperature; 0 samples greedily.
     pub temperature: f64,
+    /// Nucleus sampling: the smallest set of tokens whose probability reaches it.
     pub top_p: f64,
+    /// Sample among the k most likely tokens ("none": no limit).
     #[serde(deserialize_with = "opt")]
     pub top_k: Option<i64>,
+    /// Must be 1 (single-turn preference training, as the reference).
     pub num_turns: i64,
+    /// Accepted for compatibility; unused by preference training (as in the reference).
     pub discount: f64,
+    /// Must be "aligned": joint response k is every agent's k-th completion.
     pub joint_mode: String,
+    /// Accepted for compatibility; unused in single-turn training.
     #[serde(deserialize_with = "opt")]
     pub early_termination_threshold: Option<f64>,
+    /// Accepted for compatibility; unused in single-turn training.
     pub external_prompt_passthrough: bool,
+    /// Evaluate during training every this many updates (0: only at the end).
     pub eval_interval: i64,
+    /// Eval items an evaluation uses, from the eval file or the held-out share (0: no evaluation).
     pub eval_num_samples: i64,
+    /// Eval items per sampling batch.
     pub eval_batch_size: i64,
+    /// `train-marlhf`: items (MAGRPO family) or samples (actor-critic) per rollout buffer; also the
+    /// default `train_batch_size`.
     pub rollout_buffer_size: i64,
+    /// MADPO: pairs per update; MARLHF: items (or samples) per update; default `rollout_buffer_size`.
     #[serde(deserialize_with = "opt")]
     pub train_batch_size: Option<i64>,
+    /// `train-marlhf`: normalize each item's advantages (MAGRPO family) or each buffer's (actor-
+    /// critic).
     pub advantage_normalization: bool,
+    /// The MAGRPO baseline (mean, raw, max, rloo); `rl_algorithm` sets it in `train-marlhf`.
     pub advantage_mode: String,
+    /// `train-marlhf`: subtract `reference_kl_coef` times each completion's k3 KL from its frozen
+    /// reference from the reward (MADPO ignores it, as the reference does).
     pub reference_kl_enabled: bool,
+    /// The weight of the reference KL in `train-marlhf`'s returns.
     pub reference_kl_coef: f64,
+    /// Where the frozen references live (default: the actors' devices).
     pub reference_devices: Option<DeviceSpec>,
+    /// Joint responses sampled per train item when collecting (>= 2).
     pub preference_num_candidates: i64,
+    /// Pairs kept per item, in `pair_selection` order ("none": all; must be "none" with `pair_selection
+    /// = "all"`).
     #[serde(deserialize_with = "opt")]
     pub preference_pairs_per_sample: Option<i64>,
+    /// Which candidate pairs become preference pairs: "reward_gap" (largest gap first), "all", "random"
+    /// (seeded), and in `iterate` "comparator_reward" (the comparator's best candidates first).
     pub pair_selection: String,
+    /// MADPO's beta: the scale of the margins in the loss (> 0; validated for MARLHF too, which does
+    /// not use it).
     pub dpo_beta: f64,
+    /// Accepted for compatibility: the reference's step counter, which changes no computation.
     pub use_environment_step: bool,
+    /// Accepted for compatibility (>= 1): the reference's step counter, which changes no computation.
     pub environment_steps_per_pair: i64,
 
     // --- reference MARLHFConfig fields --------------------------------------------------------
@@ -222,12 +286,16 @@ pub struct Config {
     /// Default: the first actor's device (the reference defaults to "cuda:0").
     #[serde(deserialize_with = "opt")]
     pub reward_model_device: Option<String>,
+    /// `fit-rm`: AdamW's learning rate (weight decay 0.01).
     pub reward_learning_rate: f64,
+    /// `fit-rm`: epochs over the fitted pairs.
     pub reward_num_train_epochs: i64,
+    /// `fit-rm`: pairs per update.
     pub reward_train_batch_size: i64,
     /// Tokens kept of a joint text; default: the backbone's context.
     #[serde(deserialize_with = "opt")]
     pub reward_max_length: Option<i64>,
+    /// `fit-rm`: train the head only (the backbone's hidden states are computed once).
     pub reward_freeze_backbone: bool,
     /// The reward model's head: "last_token" (the reference's) or "pooled_mlp" (each agent's
     /// response pooled, an MLP; `reward_model.rs`).
@@ -249,6 +317,7 @@ pub struct Config {
     pub use_separate_critic: bool,
     /// "v": the value of the prompt; "q": of the prompt and the response.
     pub critic_type: String,
+    /// Actor-critic backends: the weight of the value loss in the critic's step.
     pub value_loss_coef: f64,
     /// `iac` with a shared head only (the reference uses it nowhere else).
     #[serde(deserialize_with = "opt")]
@@ -265,40 +334,63 @@ pub struct Config {
     /// `pair_selection = "comparator_reward"` allowed.
     #[serde(skip)]
     pub iterative: bool,
+    /// `iterate`: rounds of comparison and training (a resumed run may raise it).
     pub num_iterations: i64,
     /// What each round trains: "madpo" (pbrl's; the reference has one class per algorithm).
     pub algorithm: String,
+    /// `iterate`: who the team is compared with: "current", "current_copy", "model", "history" or
+    /// "api".
     pub comparator_policy: String,
+    /// `iterate`: the comparator's joint responses per item (default `preference_num_candidates`).
     #[serde(deserialize_with = "opt")]
     pub comparator_num_candidates: Option<i64>,
+    /// `history`: compare with the team this many rounds back (the base models before there is one).
     #[serde(deserialize_with = "opt")]
     pub comparator_history_k: Option<i64>,
+    /// `model`: one model source for every comparator role.
     #[serde(deserialize_with = "opt")]
     pub comparator_model_name: Option<String>,
+    /// `model`: one model source per comparator role.
     #[serde(deserialize_with = "opt")]
     pub comparator_agents: Option<Vec<String>>,
+    /// Where a loaded comparator lives (default: the agents' devices).
     pub comparator_devices: Option<DeviceSpec>,
+    /// "decentralized", or "centralized": one comparator actor (or one API call) writes every role in
+    /// the reference's tagged prompt.
     pub comparator_generation_mode: String,
+    /// The comparator actor that writes every role in the centralized mode.
     pub comparator_centralized_agent_index: i64,
+    /// `api`: the endpoint.
     #[serde(deserialize_with = "opt")]
     pub comparator_api_url: Option<String>,
+    /// `api`: the request format: "generic", "openai" (chat completions), "anthropic" (messages) or
+    /// "openai_responses".
     pub comparator_api_format: String,
+    /// `api`: the model name sent with each request.
     #[serde(deserialize_with = "opt")]
     pub comparator_api_model: Option<String>,
+    /// `api` (openai): completions asked per request (default: all; DeepSeek endpoints: 1).
     #[serde(deserialize_with = "opt")]
     pub comparator_api_max_n_per_request: Option<i64>,
+    /// `api`: seconds per HTTP request (at most a week).
     pub comparator_api_timeout: f64,
+    /// `api`: extra request headers (a table).
     #[serde(deserialize_with = "opt")]
     pub comparator_api_headers: Option<std::collections::BTreeMap<String, String>>,
     /// Discouraged (use `comparator_api_key_env`); never written back (saved configs, logs).
     #[serde(deserialize_with = "opt", skip_serializing)]
     pub comparator_api_key: Option<String>,
+    /// `api`: the environment variable that holds the key (the key never reaches a file or a log).
     #[serde(deserialize_with = "opt")]
     pub comparator_api_key_env: Option<String>,
+    /// `api`: the header that carries the key.
     pub comparator_api_key_header: String,
+    /// `api`: written before the key in its header.
     pub comparator_api_key_prefix: String,
+    /// `api` (generic): the dotted path of the completions in the answer.
     #[serde(deserialize_with = "opt")]
     pub comparator_api_response_field: Option<String>,
+    /// `api`: a table merged into every request's body last.
     #[serde(deserialize_with = "opt")]
     pub comparator_api_extra_body: Option<toml::Table>,
     /// pbrl's own: tries per API request (the reference tries once).
@@ -307,7 +399,9 @@ pub struct Config {
     /// ("reward_model"; the task reward until one exists).
     pub preference_scoring_reward: String,
 
+    /// The task: `[task]` below.
     pub task: TaskConfig,
+    /// The task reward: `[reward]` below.
     pub reward: RewardConfig,
 }
 
@@ -423,6 +517,21 @@ impl Default for Config {
     }
 }
 
+/// The reference's iterative defaults (MADPOIterConfig; MARLHFIterConfig's with `marlhf`), which
+/// `pbrl iterate` takes for the keys its config leaves unset.
+fn iterative_defaults(marlhf: bool) -> Vec<(&'static str, toml::Value)> {
+    let mut keys = vec![
+        ("num_train_epochs", toml::Value::Integer(if marlhf { 2 } else { 1 })),
+        ("preference_num_candidates", toml::Value::Integer(20)),
+        ("preference_pairs_per_sample", toml::Value::Integer(4)),
+        ("pair_selection", toml::Value::String("comparator_reward".into())),
+    ];
+    if marlhf {
+        keys.push(("reward_num_train_epochs", toml::Value::Integer(2)));
+    }
+    keys
+}
+
 impl Config {
     /// Read a config file, apply the overrides, fill defaults, normalize and validate.
     pub fn load(path: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
@@ -461,15 +570,7 @@ impl Config {
                 .get("algorithm")
                 .and_then(|a| a.as_str())
                 .is_some_and(|a| a.trim().eq_ignore_ascii_case("marlhf"));
-            if marlhf {
-                table.entry("reward_num_train_epochs").or_insert(toml::Value::Integer(2));
-            }
-            for (key, value) in [
-                ("num_train_epochs", toml::Value::Integer(if marlhf { 2 } else { 1 })),
-                ("preference_num_candidates", toml::Value::Integer(20)),
-                ("preference_pairs_per_sample", toml::Value::Integer(4)),
-                ("pair_selection", toml::Value::String("comparator_reward".into())),
-            ] {
+            for (key, value) in iterative_defaults(marlhf) {
                 table.entry(key).or_insert(value);
             }
         }

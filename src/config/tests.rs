@@ -265,3 +265,30 @@ fn the_reward_model_defaults_to_the_first_actor() {
     assert_eq!((c.value_clip_range, c.critic_learning_rate, c.critic_model_name.as_deref()), (Some(0.2), None, None));
     assert_eq!(load("critic_type = \" Q \"", &[]).unwrap().critic_type, "q");
 }
+
+#[test]
+fn every_config_key_is_documented() {
+    for name in ["Config", "TaskConfig", "RewardConfig"] {
+        let doc = super::reference::struct_doc(name);
+        let keys: Vec<_> = doc.sections.iter().flat_map(|(_, k)| k).collect();
+        assert!(keys.len() >= 4, "{name}: {} keys read", keys.len());
+        let bare: Vec<&str> = keys.iter().filter(|k| k.doc.trim().is_empty()).map(|k| k.name.as_str()).collect();
+        assert!(bare.is_empty(), "{name}: keys without a doc comment (docs/config.md would not explain them): {bare:?}");
+    }
+    assert!(super::reference::struct_doc("Config").sections.iter().map(|(_, k)| k.len()).sum::<usize>() > 100);
+}
+
+/// `docs/config.md` is what the source says today; `PBRL_BLESS=1` rewrites it.
+#[test]
+fn config_reference_is_current() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/config.md");
+    let now = super::reference::markdown();
+    if std::env::var_os("PBRL_BLESS").is_some() {
+        std::fs::write(&path, &now).unwrap();
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == now,
+        "docs/config.md is stale: regenerate it with `PBRL_BLESS=1 cargo test --lib config_reference`"
+    );
+}

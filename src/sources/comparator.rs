@@ -69,7 +69,7 @@ pub fn build<'a>(
             let api = ApiSource::new(cfg, team)?;
             return Ok(match centralized_writer(cfg) {
                 Some(index) => {
-                    Box::new(Centralized { writer: Writer::Api(api), index, templates: role_templates(cfg) })
+                    Box::new(Centralized { writer: Writer::Api(Box::new(api)), index, templates: role_templates(cfg) })
                 }
                 None => Box::new(api),
             });

@@ -88,7 +88,7 @@ impl ResponseSource for TeamSource<'_> {
 pub enum Writer<'a> {
     /// Actor `index` of a team, with its chat template and `params[index]`.
     Agent(TeamSource<'a>),
-    Api(api::ApiSource<'a>),
+    Api(Box<api::ApiSource<'a>>),
 }
 
 /// One writer answers every role at once: it is given every role's rendered template in the

@@ -440,7 +440,7 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
     let rm_dir = run_dir.reward_model();
     let mut scorer = if cfg.preference_scoring_reward == "reward_model" && JointRewardModel::exists(&rm_dir) {
         let (_, device) = cfg.reward_model_source()?;
-        Scorer::RewardModel(JointRewardModel::load(&rm_dir, &parse_device(&device, "reward_model_device")?)?)
+        Scorer::RewardModel(Box::new(JointRewardModel::load(&rm_dir, &parse_device(&device, "reward_model_device")?)?))
     } else {
         let (reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
         Scorer::Oracle { reward, processor, collab: Collaboration::from_config(cfg) }
