@@ -5,13 +5,14 @@
 //! unknown keys) the line: a [`ConfigError`].
 //!
 //! `mod.rs` is the file format (one flat serde struct, so unknown keys keep failing);
-//! `values.rs` the values a key may take in more than one form; `views.rs` the typed views
+//! `modes.rs` the modes keys select, as types; `values.rs` the values a key may take in more than one form; `views.rs` the typed views
 //! stages take; `rules.rs` the reference-order validation; `overrides.rs` the command line's
 //! `KEY=VALUE` and the one-line error messages.
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+mod modes;
 mod overrides;
 pub mod reference;
 mod rules;
@@ -20,11 +21,10 @@ mod tests;
 mod values;
 mod views;
 
+pub use modes::{LrSchedule, ReplayMode, RewardHeadKind};
 pub use overrides::{closest, Override};
 pub use values::{DeviceSpec, EvalSplit, TokenLimit};
 
-use crate::reward_model::RewardHeadKind;
-use crate::train::optim::LrSchedule;
 
 /// The pooled reward head's hidden layer width when `reward_head_hidden` is not set.
 pub const DEFAULT_REWARD_HEAD_HIDDEN: usize = 32;

@@ -1,6 +1,6 @@
 //! The typed views of the config that stages take: per-actor settings, counts as `usize`,
 //! modes resolved, sources with their defaults filled in.
-use super::{err, Config, ConfigError, DeviceSpec, TokenLimit, DEFAULT_REWARD_HEAD_HIDDEN};
+use super::{err, Config, ReplayMode, ConfigError, DeviceSpec, TokenLimit, DEFAULT_REWARD_HEAD_HIDDEN};
 
 impl Config {
     /// Each actor's `max_new_tokens` (one entry per actor and each >= 1: checked when the
@@ -43,8 +43,7 @@ impl Config {
     }
 
     /// The replay mode with its parameter (validated).
-    pub fn replay_mode(&self) -> crate::prefs::replay::ReplayMode {
-        use crate::prefs::replay::ReplayMode;
+    pub fn replay_mode(&self) -> ReplayMode {
         match self.preference_replay_mode.as_str() {
             "nearest_k" => ReplayMode::NearestK(self.preference_replay_k.unwrap_or(1) as usize),
             "all_history" => ReplayMode::AllHistory,

@@ -20,14 +20,7 @@ use rand_chacha::ChaCha8Rng;
 use super::{existing_rounds, round_path, PreferencePair, RoundFile};
 use crate::rng::{derive_seed, purpose};
 
-/// `preference_replay_mode` with its parameter.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ReplayMode {
-    Current,
-    NearestK(usize),
-    AllHistory,
-    LambdaDecay(f64),
-}
+pub use crate::config::ReplayMode;
 
 /// Round weights for `lambda_decay`, oldest → newest (they sum to 1).
 pub fn lambda_decay_weights(rounds: usize, lambda: f64) -> Vec<f64> {

@@ -43,23 +43,7 @@ const BACKBONE_DIR: &str = "backbone";
 pub const LAST_TOKEN: &str = "last_non_padding_token";
 pub const POOLED: &str = "agent_response_mean_and_log_tokens";
 
-/// Which head scores a joint text (`reward_head`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RewardHeadKind {
-    /// The reference's: a linear score of the last token's final hidden state.
-    #[default]
-    LastToken,
-    /// Per agent, the mean of its response tokens' final hidden states and log(1 + its token
-    /// count), all agents' into `Linear(A·(hidden + 1), d) → Tanh → Linear(d, 1)`.
-    PooledMlp,
-}
-
-impl RewardHeadKind {
-    pub fn is_last_token(&self) -> bool {
-        *self == RewardHeadKind::LastToken
-    }
-}
+pub use crate::config::RewardHeadKind;
 
 enum Head {
     LastToken(ScalarHead),

@@ -13,7 +13,6 @@ use serde::{Deserialize, Serialize};
 
 use super::fingerprint::Fingerprint;
 use crate::model::LoadedModel;
-use crate::train::optim::AdamW;
 
 /// Where training stands (`state.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -124,12 +123,21 @@ pub fn list(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     Ok(out)
 }
 
+/// What a checkpoint keeps of an optimizer (AdamW's, `train::optim`): its step count and each
+/// parameter's moments by name.
+pub trait OptimizerState {
+    /// (name, first moment, second moment) of every parameter.
+    fn moments(&self) -> Result<Vec<(String, Tensor, Tensor)>>;
+    /// Put back the step count and the moments (matched by name).
+    fn restore(&mut self, step: u64, moments: &HashMap<String, (Tensor, Tensor)>) -> Result<()>;
+}
+
 /// Write checkpoint `n`, then keep only the newest `limit`.
 pub fn save(
     run_dir: &Path,
     n: u64,
     agents: &[&LoadedModel],
-    optims: &[AdamW],
+    optims: &[impl OptimizerState],
     progress: &Progress,
     limit: Option<usize>,
 ) -> Result<PathBuf> {
@@ -176,7 +184,7 @@ pub fn save(
 }
 
 /// Restore weights and optimizer state from a checkpoint; returns its progress.
-pub fn restore(path: &Path, agents: &[&LoadedModel], optims: &mut [AdamW]) -> Result<Progress> {
+pub fn restore(path: &Path, agents: &[&LoadedModel], optims: &mut [impl OptimizerState]) -> Result<Progress> {
     let progress = read_progress(path)?;
     if progress.optimizer_steps.len() != agents.len() {
         bail!(

@@ -28,31 +28,7 @@ impl AdamWConfig {
     }
 }
 
-/// How the learning rate moves over a training's updates (transformers' `lr_scheduler_type`,
-/// without warmup): `constant` (the reference's), or `linear`, from the full rate at the first
-/// update down to 1/U of it at the last of U, so the late updates of an epoch move the policy
-/// less than the early ones.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LrSchedule {
-    #[default]
-    Constant,
-    Linear,
-}
-
-impl LrSchedule {
-    /// The factor on the learning rate of update `done + 1` of `total`.
-    pub fn factor(self, done: u64, total: u64) -> f64 {
-        match self {
-            LrSchedule::Constant => 1.0,
-            LrSchedule::Linear => total.saturating_sub(done) as f64 / total.max(1) as f64,
-        }
-    }
-
-    pub fn is_constant(&self) -> bool {
-        *self == LrSchedule::Constant
-    }
-}
+pub use crate::config::LrSchedule;
 
 /// First and second moments of one parameter.
 enum Moments {
@@ -203,6 +179,16 @@ struct FusedAdamW<'a> {
     moments: &'a Mutex<(Vec<f32>, Vec<f32>)>,
     /// Σ g², accumulated while the gradient is read anyway.
     grad_sq: Mutex<f64>,
+}
+
+/// What a checkpoint saves of the optimizer and puts back (`run::checkpoint`).
+impl crate::run::checkpoint::OptimizerState for AdamW {
+    fn moments(&self) -> Result<Vec<(String, Tensor, Tensor)>> {
+        AdamW::moments(self)
+    }
+    fn restore(&mut self, step: u64, moments: &std::collections::HashMap<String, (Tensor, Tensor)>) -> Result<()> {
+        AdamW::restore(self, step, moments)
+    }
 }
 
 impl candle_core::InplaceOp2 for FusedAdamW<'_> {
