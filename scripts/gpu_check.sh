@@ -27,7 +27,7 @@ done
 
 echo "=== SmolLM2-135M-shaped model, random weights ==="
 M=/tmp/random-smollm2
-python3 scripts/random_smollm2.py "$M" || exit 1
+python3 scripts/fixtures/random_smollm2.py "$M" || exit 1
 for mode in train sample; do
   "$BIN/runtime" $mode --model "$M" --device cuda:0 --steps 5 --out "$OUT/pbrl_$mode.json" || status=1
   python3 scripts/bench_torch.py $mode --pbrl "$OUT/pbrl_$mode.json" --model "$M" --device cuda \

@@ -13,7 +13,7 @@ REF_VENV=${PBRL_REF_VENV:-.venv-bench}
 if [ -x "$REF_VENV/bin/python" ] && "$REF_VENV/bin/python" -c "import torch, transformers, gguf" 2>/dev/null; then
   export PBRL_REF_PYTHON="$PWD/$REF_VENV/bin/python"
   [ "${REF_VENV#/}" != "$REF_VENV" ] && export PBRL_REF_PYTHON="$REF_VENV/bin/python"
-  [ -f models/smollm2-hf/config.json ] || "$PBRL_REF_PYTHON" scripts/smollm2_hf_dir.py models/smollm2-hf
+  [ -f models/smollm2-hf/config.json ] || "$PBRL_REF_PYTHON" scripts/fixtures/smollm2_hf_dir.py models/smollm2-hf
 fi
 export PBRL_THREADS=1 RAYON_NUM_THREADS=1 CANDLE_NUM_THREADS=1
 log=$(mktemp)

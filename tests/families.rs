@@ -1,4 +1,4 @@
-//! Every family, RoPE type and chat template against transformers 5 (scripts/golden_families.py):
+//! Every family, RoPE type and chat template against transformers 5 (scripts/fixtures/golden_families.py):
 //! tiny random models saved by `save_pretrained`, read from transformers 5's config layout and from
 //! the older one (top-level `rope_theta` / `rope_scaling`); logits of a right-padded batch with
 //! rows up to 110 positions (the fixture script checks that the wrong RoPE base or scaling moves

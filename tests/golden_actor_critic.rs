@@ -1,5 +1,5 @@
 //! One IAC and one MAAC update against CoMLRL 1.4.3's own code
-//! (scripts/golden_actor_critic.py): the critic's values at rollout time, the buffer's
+//! (scripts/fixtures/golden_actor_critic.py): the critic's values at rollout time, the buffer's
 //! normalized advantages, the actor and value losses of the first chunk within 1e-5, and every
 //! gradient of the actor and of the critic within 1e-4 of its tensor's largest entry; for a
 //! separate critic and for a value head shared with the actor (critic type q, clipped value

@@ -1,4 +1,4 @@
-//! The MAGRPO-family advantages against CoMLRL 1.4.3's own code (scripts/golden_advantages.py):
+//! The MAGRPO-family advantages against CoMLRL 1.4.3's own code (scripts/fixtures/golden_advantages.py):
 //! every advantage_mode, with the reference KL on and off, normalized or not, on fixed groups of
 //! returns (one of a single sample, one of equal returns), within 1e-5.
 mod common;

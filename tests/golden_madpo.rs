@@ -1,4 +1,4 @@
-//! MADPO against CoMLRL 1.4.3's own loss code (scripts/golden_madpo.py): the same two small
+//! MADPO against CoMLRL 1.4.3's own loss code (scripts/fixtures/golden_madpo.py): the same two small
 //! models and pair batches, per-agent losses within 1e-5 and every parameter's gradient within
 //! 1e-4 of its tensor's largest entry, for the decentralized scorer (last token left out) and the
 //! centralized joint scorer (every token, end-of-turn included). On `PBRL_TEST_DEVICE` (default cpu).

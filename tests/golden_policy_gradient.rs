@@ -1,5 +1,5 @@
 //! One MAGRPO-family policy-gradient update against CoMLRL 1.4.3's own code
-//! (scripts/golden_policy_gradient.py): fixed rollouts (completion rows padded as generation
+//! (scripts/fixtures/golden_policy_gradient.py): fixed rollouts (completion rows padded as generation
 //! leaves them, one cut off at max_new_tokens), magrpo's and marloo's advantages with and without
 //! the reference KL, normalized; each item's loss within 1e-5 and every gradient of the chunk's
 //! update within 1e-4 of its tensor's largest entry. On `PBRL_TEST_DEVICE` (default cpu).

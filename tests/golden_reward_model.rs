@@ -1,4 +1,4 @@
-//! The joint reward model against CoMLRL 1.4.3's own code (scripts/golden_reward_model.py): the
+//! The joint reward model against CoMLRL 1.4.3's own code (scripts/fixtures/golden_reward_model.py): the
 //! same backbones, head weights and pairs; scores and the Bradley–Terry loss within 1e-5 and
 //! every parameter's gradient within 1e-4 of its tensor's largest entry, for a Llama and a Qwen2
 //! backbone, right- and left-padded in the reference (pbrl pads right; the last real token is

@@ -1,5 +1,5 @@
 //! The real SmolLM2-135M-Instruct GGUF against transformers loading the same file
-//! (fixtures from scripts/golden_reference.py): tokenizer ids, chat template, logits, greedy ids.
+//! (fixtures from scripts/fixtures/golden_reference.py): tokenizer ids, chat template, logits, greedy ids.
 mod common;
 
 use candle_core::{Device, IndexOp, Tensor};
@@ -64,7 +64,7 @@ fn smollm2_tokenizer_chat_template_logits_and_greedy_match_transformers() {
 }
 
 /// The same SmolLM2 as a Hugging Face directory written by transformers 5 from the GGUF
-/// (scripts/smollm2_hf_dir.py; `rope_parameters`, `chat_template.jinja`): the same model as the
+/// (scripts/fixtures/smollm2_hf_dir.py; `rope_parameters`, `chat_template.jinja`): the same model as the
 /// GGUF path, down to the MADPO loss of a fixed round (was 0.2541 vs 0.4087 when the directory's
 /// RoPE base was missed). Skipped, with a message, where the directory has not been made.
 #[test]

@@ -1,5 +1,5 @@
 //! Every supported architecture against transformers: small random Llama and Qwen2 models saved
-//! by scripts/golden_reference.py (GQA, Qwen2 q/k/v bias, tied and untied heads), with their
+//! by scripts/fixtures/golden_reference.py (GQA, Qwen2 q/k/v bias, tied and untied heads), with their
 //! logits and completion log-probs for a right-padded batch. On `PBRL_TEST_DEVICE` (default cpu).
 mod common;
 

@@ -1,7 +1,7 @@
-"""Summarize scripts/anchored_study.sh (or scripts/marlhf_study.sh): per run, the eval reward before and after and the paired
+"""Summarize scripts/study/anchored_study.sh (or scripts/study/marlhf_study.sh): per run, the eval reward before and after and the paired
 gain (per-prompt mean after minus before) with its standard error over prompts; per task and
 variant, the mean gain over seeds with its standard error over seeds and the seeds that gained; the keep-best choice; the brief agent's answer length.
-Usage: python3 scripts/study_summary.py STUDY_DIR"""
+Usage: python3 scripts/study/study_summary.py STUDY_DIR"""
 import json
 import math
 import re

@@ -8,7 +8,7 @@ of a `pbrl eval` report (several samples per prompt: `eval_samples_per_item`) wi
 model and prints the within-prompt concordance: over pairs of samples of one prompt whose task
 rewards differ, the share the reward model orders the same way (0.5 = chance).
 
-  python3 scripts/rm_ranking.py RUN_DIR/eval/eval-….json RUN_DIR/reward_model
+  python3 scripts/study/rm_ranking.py RUN_DIR/eval/eval-….json RUN_DIR/reward_model
 Needs torch, transformers and safetensors (as scripts/score_reward_model.py, which it uses).
 """
 import itertools
@@ -32,7 +32,7 @@ def main():
     items = json.load(open(report))["items"]
     fmt = json.load(open(Path(rm) / "reward_model.json"))["joint_text"]
     texts = [joint_text(fmt, it["prompts"], it["completions"]) for it in items]
-    scorer = Path(__file__).with_name("score_reward_model.py")
+    scorer = Path(__file__).resolve().parents[1] / "score_reward_model.py"
     out = subprocess.run([sys.executable, str(scorer), rm], input=json.dumps(texts),
                          capture_output=True, text=True, check=True)
     scores = json.loads(out.stdout)

@@ -5,7 +5,7 @@
 # then per RL backend train-marlhf on a copy of that run directory and an eval of the saved
 # (keep-best) and of the final agents. Every eval: `eval_samples_per_item` samples per prompt.
 # Prints the paired gain (after - before, per prompt) and its standard error, per run and
-# averaged over seeds (scripts/study_summary.py; also summary.md).
+# averaged over seeds (scripts/study/study_summary.py; also summary.md).
 #   STUDY_DIR (default target/marlhf-study), TASK (default quickstart), SEEDS (default "1 2"),
 #   BACKENDS (rl_algorithm values, default "magrpo iac"), BASES (default target/anchored-study),
 #   COMMON (overrides for every stage, default the anchored study's), FIT (overrides for fit-rm
@@ -13,14 +13,14 @@
 #   Rerunning continues: finished runs are kept (their logs, evaluations and metrics; not their
 #   weights). A failed stage stops the study.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DIR=${STUDY_DIR:-target/marlhf-study}; TASK=${TASK:-quickstart}; SEEDS=${SEEDS:-1 2}
 BACKENDS=${BACKENDS:-magrpo iac}; BASES=${BASES:-target/anchored-study}
 COMMON=${COMMON:-eval_split=0.15 keep_best=true eval_interval=12 eval_num_samples=16 eval_samples_per_item=4}
 read -ra COMMON_ARGS <<< "$COMMON"
 read -ra FIT_ARGS <<< "${FIT:-}"
 read -ra TRAIN_ARGS <<< "${TRAIN:-}"
-. scripts/study-common.sh
+. scripts/study/study-common.sh
 for seed in $SEEDS; do
   s=$DIR/$TASK/seed$seed; mkdir -p "$s"
   args=(--config "configs/$TASK.toml" seed="$seed" "${COMMON_ARGS[@]}")
@@ -53,4 +53,4 @@ for seed in $SEEDS; do
     touch "$d/done"
   done
 done
-python3 scripts/study_summary.py "$DIR" | tee "$DIR/summary.md"
+python3 scripts/study/study_summary.py "$DIR" | tee "$DIR/summary.md"

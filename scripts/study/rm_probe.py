@@ -12,8 +12,8 @@ reference's reward head sees), `mean` (the mean over all tokens), `last+mean`. R
 collected with `pair_selection=all` (every pair of candidates with different rewards), so the
 held-out accuracy is the within-prompt concordance RL on a reward model needs.
 
-  python3 scripts/rm_probe.py RUN/preference_replay/iteration_0001.json HF_MODEL_DIR
-HF_MODEL_DIR: a transformers directory of the backbone (scripts/smollm2_hf_dir.py writes one
+  python3 scripts/study/rm_probe.py RUN/preference_replay/iteration_0001.json HF_MODEL_DIR
+HF_MODEL_DIR: a transformers directory of the backbone (scripts/fixtures/smollm2_hf_dir.py writes one
 for the bundled GGUF). Needs torch, transformers, numpy.
 """
 import json

@@ -11,7 +11,7 @@
 #   PBRL_THREADS (default: the physical cores). Rerunning continues: finished runs are kept
 #   (their logs, evaluations and metrics; their weights, ~3 GB a run, are deleted).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DIR=${STUDY_DIR:-target/anchored-study}; TASKS=${TASKS:-quickstart story_keywords tldr_explain}
 SEEDS=${SEEDS:-1 2 3}
 COMMON=${COMMON:-eval_split=0.15 keep_best=true eval_interval=12 eval_num_samples=16 eval_samples_per_item=4}
@@ -28,7 +28,7 @@ if [ -z "${VARIANTS:-}" ]; then
     done
   done
 fi
-. scripts/study-common.sh
+. scripts/study/study-common.sh
 for task in $TASKS; do
   for seed in $SEEDS; do
     s=$DIR/$task/seed$seed; mkdir -p "$s"
@@ -55,4 +55,4 @@ for task in $TASKS; do
     done < "$VARIANTS"
   done
 done
-python3 scripts/study_summary.py "$DIR" | tee "$DIR/summary.md"
+python3 scripts/study/study_summary.py "$DIR" | tee "$DIR/summary.md"

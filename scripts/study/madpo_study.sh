@@ -9,10 +9,10 @@
 #   The second table of docs/madpo-study.md: SLTS=false LRS="5e-6 3e-6" BETAS="0.1 0.03 0.01"
 #   EXTRA=preference_num_candidates=8. Prints a table at the end (also summary.md).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DIR=${STUDY_DIR:-target/madpo-study}; SEEDS=${SEEDS:-42 7}; LRS=${LRS:-5e-6 1e-5}
 SLTS=${SLTS:-false true}; BETAS=${BETAS:-config}; read -ra EXTRA <<< "${EXTRA:-}"
-. scripts/study-common.sh
+. scripts/study/study-common.sh
 for seed in $SEEDS; do
   s=$DIR/seed$seed; rm -rf "$s"; mkdir -p "$s"
   args=(--config configs/quickstart.toml seed="$seed" "${EXTRA[@]}")
