@@ -25,7 +25,6 @@ pub use modes::{LrSchedule, ReplayMode, RewardHeadKind};
 pub use overrides::{closest, Override};
 pub use values::{DeviceSpec, EvalSplit, TokenLimit};
 
-
 /// The pooled reward head's hidden layer width when `reward_head_hidden` is not set.
 pub const DEFAULT_REWARD_HEAD_HIDDEN: usize = 32;
 use overrides::{describe_de_error, line_of, reject_non_finite};

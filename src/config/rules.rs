@@ -1,7 +1,7 @@
 //! The reference's validation rules (CoMLRL `MADPOConfig.__post_init__`), in its order and
 //! words, and pbrl's own, applied after every default and override is in place.
-use super::{err, Config, ConfigError, DeviceSpec, EvalSplit};
 use super::RewardHeadKind;
+use super::{err, Config, ConfigError, DeviceSpec, EvalSplit};
 
 /// The longest wait any timeout may ask for: a week (a `Duration` holds it; 1e20 s it cannot).
 const MAX_SECONDS: f64 = 604_800.0;

@@ -273,7 +273,10 @@ fn every_config_key_is_documented() {
         let keys: Vec<_> = doc.sections.iter().flat_map(|(_, k)| k).collect();
         assert!(keys.len() >= 4, "{name}: {} keys read", keys.len());
         let bare: Vec<&str> = keys.iter().filter(|k| k.doc.trim().is_empty()).map(|k| k.name.as_str()).collect();
-        assert!(bare.is_empty(), "{name}: keys without a doc comment (docs/config.md would not explain them): {bare:?}");
+        assert!(
+            bare.is_empty(),
+            "{name}: keys without a doc comment (docs/config.md would not explain them): {bare:?}"
+        );
     }
     assert!(super::reference::struct_doc("Config").sections.iter().map(|(_, k)| k.len()).sum::<usize>() > 100);
 }

@@ -1,6 +1,6 @@
 //! The typed views of the config that stages take: per-actor settings, counts as `usize`,
 //! modes resolved, sources with their defaults filled in.
-use super::{err, Config, ReplayMode, ConfigError, DeviceSpec, TokenLimit, DEFAULT_REWARD_HEAD_HIDDEN};
+use super::{err, Config, ConfigError, DeviceSpec, ReplayMode, TokenLimit, DEFAULT_REWARD_HEAD_HIDDEN};
 
 impl Config {
     /// Each actor's `max_new_tokens` (one entry per actor and each >= 1: checked when the

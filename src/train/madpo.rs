@@ -51,19 +51,8 @@ pub struct TrainReport {
 impl TrainReport {
     /// What the training did, as `pbrl train-madpo` prints it.
     pub fn describe(&self) -> String {
-        let mut out = format!(
-            "trained {} agents on {} pairs from rounds {:?}: {} updates in {:.1} s; agents saved in {}",
-            self.num_agents,
-            self.num_pairs,
-            self.rounds,
-            self.summary.updates,
-            self.secs,
-            self.saved_in.display()
-        );
-        if let Some(evals) = self.summary.describe_evals() {
-            out += &format!("\n{evals}");
-        }
-        out
+        let what = format!("{} agents on {} pairs from rounds {:?}", self.num_agents, self.num_pairs, self.rounds);
+        self.summary.describe(&what, self.secs, &self.saved_in)
     }
 }
 

@@ -112,11 +112,16 @@ pub struct TrainingSummary {
 }
 
 impl TrainingSummary {
-    /// The final and best evaluations, and which agents were saved (none without evaluations).
-    pub fn describe_evals(&self) -> Option<String> {
+    /// "trained `what`: N updates in S s; agents saved in DIR", and the final and best
+    /// evaluations with which agents were saved, when there were evaluations.
+    pub fn describe(&self, what: &str, secs: f64, saved_in: &Path) -> String {
+        let mut out =
+            format!("trained {what}: {} updates in {secs:.1} s; agents saved in {}", self.updates, saved_in.display());
         let show = |e: &EvalPoint| format!("{:.4} ± {:.4} after update {}", e.reward_mean, e.reward_stderr, e.update);
-        let (f, b) = (self.final_eval.as_ref()?, self.best_eval.as_ref()?);
-        Some(format!("eval reward: final {}; best {}; saved: the {} agents", show(f), show(b), self.saved))
+        if let (Some(f), Some(b)) = (&self.final_eval, &self.best_eval) {
+            out += &format!("\neval reward: final {}; best {}; saved: the {} agents", show(f), show(b), self.saved);
+        }
+        out
     }
 }
 

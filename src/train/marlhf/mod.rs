@@ -49,19 +49,11 @@ pub struct TrainReport {
 impl TrainReport {
     /// What the training did, as `pbrl train-marlhf` prints it.
     pub fn describe(&self) -> String {
-        let mut out = format!(
-            "trained {} agents with {} on the reward model over {} items: {} updates in {:.1} s; agents saved in {}",
-            self.num_agents,
-            self.algorithm,
-            self.num_items,
-            self.summary.updates,
-            self.secs,
-            self.saved_in.display()
+        let what = format!(
+            "{} agents with {} on the reward model over {} items",
+            self.num_agents, self.algorithm, self.num_items
         );
-        if let Some(evals) = self.summary.describe_evals() {
-            out += &format!("\n{evals}");
-        }
-        out
+        self.summary.describe(&what, self.secs, &self.saved_in)
     }
 }
 
