@@ -6,27 +6,8 @@
 //!    R'_k − max R', rloo (marloo) (K·R'_k − Σ R') / (K − 1), which is R'_k minus the mean of the
 //!    others (mean when K = 1);
 //! 3. with `advantage_normalization` and K > 1: (A − mean A) / max(std_pop A, 1e-6).
-use anyhow::{bail, Result};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AdvantageMode {
-    Mean,
-    Raw,
-    Max,
-    Rloo,
-}
-
-impl AdvantageMode {
-    pub fn parse(s: &str) -> Result<Self> {
-        Ok(match s {
-            "mean" => Self::Mean,
-            "raw" => Self::Raw,
-            "max" => Self::Max,
-            "rloo" => Self::Rloo,
-            other => bail!("advantage_mode must be one of: mean, raw, max, rloo (got `{other}`)"),
-        })
-    }
-}
+pub use crate::config::AdvantageMode;
 
 /// How a group's returns become advantages.
 #[derive(Debug, Clone, Copy, PartialEq)]

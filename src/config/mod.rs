@@ -21,7 +21,9 @@ mod tests;
 mod values;
 mod views;
 
-pub use modes::{LrSchedule, ReplayMode, RewardHeadKind};
+pub use modes::{
+    AdvantageMode, ComparatorPolicy, LrSchedule, MarlhfBackend, Modes, PairSelection, ReplayMode, RewardHeadKind,
+};
 pub use overrides::{closest, Override};
 pub use values::{DeviceSpec, EvalSplit, TokenLimit};
 
@@ -333,6 +335,10 @@ pub struct Config {
     /// `pair_selection = "comparator_reward"` allowed.
     #[serde(skip)]
     pub iterative: bool,
+    /// The modes the string keys select, as types: set when the config loads, after its rules
+    /// passed (`modes.rs`).
+    #[serde(skip)]
+    pub modes: Modes,
     /// `iterate`: rounds of comparison and training (a resumed run may raise it).
     pub num_iterations: i64,
     /// What each round trains: "madpo" (pbrl's; the reference has one class per algorithm).
@@ -486,6 +492,7 @@ impl Default for Config {
             critic_value_head_hidden_dim: None,
             value_head_hidden_dim: None,
             iterative: false,
+            modes: Modes::default(),
             num_iterations: 6,
             algorithm: "madpo".into(),
             comparator_policy: "current".into(),
@@ -577,7 +584,7 @@ impl Config {
         let mut cfg: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
             .map_err(|e| describe_de_error(&e, text, origin, overrides))?;
         cfg.iterative = iterative;
-        cfg.normalize_and_validate().map_err(|e| {
+        cfg.normalize_and_validate().and_then(|()| Modes::of(&cfg)).map(|modes| cfg.modes = modes).map_err(|e| {
             // Blame the command line when the message is about a key an override set.
             let from =
                 overrides.iter().find(|o| e.0.contains(&o.key) || e.0.contains(o.key.rsplit('.').next().unwrap_or("")));

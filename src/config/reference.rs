@@ -140,7 +140,7 @@ pub fn markdown() -> String {
     let mut out = String::from(INTRO);
     let config = struct_doc("Config");
     for (title, keys) in &config.sections {
-        let keys: Vec<Key> = keys.iter().filter(|k| k.name != "iterative").cloned().collect();
+        let keys: Vec<Key> = keys.iter().filter(|k| k.name != "iterative" && k.name != "modes").cloned().collect();
         out += &format!("\n## {title}\n\n{}", table_of(&keys, &defaults, &whole, ""));
     }
     out += "\n`pbrl iterate` takes the reference's iterative defaults for the keys its config leaves unset: ";

@@ -295,3 +295,35 @@ fn config_reference_is_current() {
         "docs/config.md is stale: regenerate it with `PBRL_BLESS=1 cargo test --lib config_reference`"
     );
 }
+
+/// The string keys' modes, as types, after the rules normalized them (aliases, case).
+#[test]
+fn modes_are_typed_when_the_config_loads() {
+    let c = load("", &[]).unwrap();
+    assert_eq!(c.modes, Modes::default(), "the defaults' modes are Modes::default()");
+    let c = load(
+        "rl_algorithm = \"MARLOO\"\ncollaboration_mode = \"centralized\"\nagents = [\"m\"]\ncritic_type = \"Q\"",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.modes.marlhf, MarlhfBackend::PolicyGradient(AdvantageMode::Rloo));
+    assert!(c.modes.centralized && c.modes.q_critic);
+    let c = load("rl_algorithm = \"iac\"\nuse_separate_critic = false\npair_selection = \"all\"\npreference_pairs_per_sample = \"none\"", &[]).unwrap();
+    assert_eq!(c.modes.marlhf, MarlhfBackend::Iac { separate: false });
+    assert_eq!(c.modes.selection, PairSelection::All);
+    let iterative = |text: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::load_iterative(&path, &[]).unwrap()
+    };
+    let c = iterative("comparator_policy = \"history\"\ncomparator_history_k = 2\nalgorithm = \"marlhf\"");
+    assert_eq!(c.modes.comparator, ComparatorPolicy::History(2));
+    assert_eq!(c.modes.selection, PairSelection::ComparatorReward);
+    assert!(c.modes.marlhf_rounds && !c.modes.score_with_reward_model);
+    let c = iterative(
+        "comparator_policy = \"model\"\ncomparator_model_name = \"x\"\ncomparator_generation_mode = \"centralized\"",
+    );
+    assert_eq!(c.modes.comparator, ComparatorPolicy::Model(vec!["x".into(), "x".into()]));
+    assert_eq!(c.modes.comparator_writer, Some(0));
+}

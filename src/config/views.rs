@@ -61,8 +61,6 @@ impl Config {
         }
     }
 
-    /// The reward model's backbone source and device (reference §7.1: `reward_model_name`, else
-    /// the actors' model; the device: `reward_model_device`, else the first actor's).
     /// The team's shape, for errors: "num_agents 2, collaboration_mode decentralized".
     pub fn team_setup(&self) -> String {
         format!("num_agents {}, collaboration_mode {}", self.num_agents, self.collaboration_mode)
@@ -73,6 +71,8 @@ impl Config {
         self.reward_head_hidden.map_or(DEFAULT_REWARD_HEAD_HIDDEN, |d| d as usize)
     }
 
+    /// The reward model's backbone source and device (reference §7.1: `reward_model_name`, else
+    /// the actors' model; the device: `reward_model_device`, else the first actor's).
     pub fn reward_model_source(&self) -> Result<(String, String), ConfigError> {
         let source = match &self.reward_model_name {
             Some(s) => s.clone(),
@@ -85,18 +85,6 @@ impl Config {
             }
         };
         Ok((source, device))
-    }
-
-    /// The MAGRPO-family advantage mode `rl_algorithm` implies (reference
-    /// `_apply_magrpo_family_args`); `None` for the actor-critic backends.
-    pub fn marlhf_advantage_mode(&self) -> Option<&'static str> {
-        match self.rl_algorithm.as_str() {
-            "magrpo" => Some("mean"),
-            "mareinforce" => Some("raw"),
-            "maremax" => Some("max"),
-            "marloo" => Some("rloo"),
-            _ => None,
-        }
     }
 
     /// The model source of each actor.

@@ -2,31 +2,7 @@
 use rand::seq::SliceRandom;
 use rand::Rng;
 
-/// `pair_selection`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PairSelection {
-    /// Largest score gap first (a stable sort: equal gaps keep generation order).
-    RewardGap,
-    /// Every ordered pair with a gap, in index order; never truncated.
-    All,
-    /// A seeded shuffle.
-    Random,
-    /// Iterative rounds only: the comparator's highest-scored candidates first, then the largest
-    /// gap (reference §5.2).
-    ComparatorReward,
-}
-
-impl PairSelection {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "reward_gap" => Some(Self::RewardGap),
-            "all" => Some(Self::All),
-            "random" => Some(Self::Random),
-            "comparator_reward" => Some(Self::ComparatorReward),
-            _ => None,
-        }
-    }
-}
+pub use crate::config::PairSelection;
 
 /// Ordered (winner, loser) candidate indices: every pair with a strictly positive score gap
 /// (ties dropped), ordered by `mode`, truncated to `per_sample` (except for `All`).

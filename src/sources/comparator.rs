@@ -9,11 +9,11 @@
 //!
 //! With `comparator_generation_mode = "centralized"` (and a decentralized team), actor
 //! `comparator_centralized_agent_index` of that comparator (or one API call) writes every role.
-use anyhow::{bail, Result};
+use anyhow::Result;
 
 use super::api::ApiSource;
 use super::{role_templates, Agents, Centralized, ResponseSource, TeamSource, Writer};
-use crate::config::{Config, DeviceSpec};
+use crate::config::{ComparatorPolicy, Config, DeviceSpec};
 use crate::run::team::{saved_team, MANIFEST};
 use crate::run::RunDir;
 use crate::team::{load_as, Agent};
@@ -33,27 +33,19 @@ pub fn build<'a>(
         Ok(Agents::Owned(load_as(team, sources, &devices, "comparator")?))
     };
     let agent_devices = DeviceSpec::resolve(cfg.agent_devices.as_ref(), team.len(), "agent_devices")?;
-    let agents = match cfg.comparator_policy.as_str() {
-        "current" => Agents::Borrowed(team),
-        "current_copy" if devices == agent_devices => Agents::Borrowed(team),
-        "current_copy" => {
+    let agents = match &cfg.modes.comparator {
+        ComparatorPolicy::Current => Agents::Borrowed(team),
+        ComparatorPolicy::CurrentCopy if devices == agent_devices => Agents::Borrowed(team),
+        ComparatorPolicy::CurrentCopy => {
             let sources = match saved_team(&run_dir.agents(), team.len())? {
                 Some(dirs) => dirs.iter().map(|d| d.display().to_string()).collect(),
                 None => cfg.agent_sources()?,
             };
             load(&sources)?
         }
-        "model" => {
-            let sources = match (&cfg.comparator_agents, &cfg.comparator_model_name) {
-                (Some(a), _) => a.clone(),
-                (None, Some(m)) => vec![m.clone(); team.len()],
-                (None, None) => unreachable!("validated: the model policy names its models"),
-            };
-            load(&sources)?
-        }
-        "history" => {
-            let k = cfg.comparator_history_k.expect("validated: history has k");
-            let target = round as i64 - 1 - k;
+        ComparatorPolicy::Model(sources) => load(sources)?,
+        ComparatorPolicy::History(k) => {
+            let target = round as i64 - 1 - *k as i64;
             let snapshot = (0..=target.max(-1))
                 .rev()
                 .filter(|&j| j >= 0)
@@ -65,26 +57,19 @@ pub fn build<'a>(
             };
             load(&sources)?
         }
-        "api" => {
+        ComparatorPolicy::Api => {
             let api = ApiSource::new(cfg, team)?;
-            return Ok(match centralized_writer(cfg) {
+            return Ok(match cfg.modes.comparator_writer {
                 Some(index) => {
                     Box::new(Centralized { writer: Writer::Api(Box::new(api)), index, templates: role_templates(cfg) })
                 }
                 None => Box::new(api),
             });
         }
-        other => bail!("comparator_policy = \"{other}\" is not a comparator pbrl knows"),
     };
     let source = TeamSource::new(agents, cfg.sampling());
-    Ok(match centralized_writer(cfg) {
+    Ok(match cfg.modes.comparator_writer {
         Some(index) => Box::new(Centralized { writer: Writer::Agent(source), index, templates: role_templates(cfg) }),
         None => Box::new(source),
     })
-}
-
-/// The actor whose place a centralized comparator takes, when it writes every role.
-fn centralized_writer(cfg: &Config) -> Option<usize> {
-    let centralized = cfg.comparator_generation_mode == "centralized" && cfg.collaboration_mode != "centralized";
-    centralized.then_some(cfg.comparator_centralized_agent_index as usize)
 }

@@ -14,7 +14,6 @@ use anyhow::{bail, Result};
 use serde_json::json;
 
 use crate::config::Config;
-use crate::prefs::selection::PairSelection;
 use crate::prefs::{existing_rounds, round_path, RoundFile};
 use crate::progress;
 use crate::rounds::{build_round, mean, RoundSpec, Scorer};
@@ -59,7 +58,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
         candidates: cfg.preference_num_candidates as usize,
         comparator_candidates: 0,
         batch_items: cfg.collect_batch_size as usize,
-        selection: PairSelection::parse(&cfg.pair_selection).expect("validated pair_selection"),
+        selection: cfg.modes.selection,
         pairs_per_sample: cfg.preference_pairs_per_sample.map(|k| k as usize),
     };
     let (reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;

@@ -38,10 +38,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::algo::trend::RoundTrend;
-use crate::config::Config;
+use crate::config::{ComparatorPolicy, Config};
 use crate::device::parse_device;
 use crate::evaluation::evaluate_run;
-use crate::prefs::selection::PairSelection;
 use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
 use crate::progress;
 use crate::reward_model::fit::{fit, FitOptions};
@@ -94,7 +93,8 @@ pub struct RoundSummary {
 }
 
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> {
-    if cfg.comparator_policy == "api" && cfg.collaboration_mode == "centralized" {
+    let api = cfg.modes.comparator == ComparatorPolicy::Api;
+    if api && cfg.modes.centralized {
         bail!("comparator_policy = \"api\" with a centralized actor: choose a model-based comparator_policy");
     }
     // Everything a round will need is checked before the run directory records anything, so a
@@ -103,7 +103,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
     if items.is_empty() {
         bail!("no train items to compare on");
     }
-    if cfg.comparator_policy == "api" {
+    if api {
         crate::sources::api::settings(cfg)?; // the format, the URL, the key's variable
     }
     let fingerprint = iterate_fingerprint(cfg)?;
@@ -235,7 +235,7 @@ fn train_round(cfg: &Config, run_dir: &RunDir) -> Result<usize> {
     let unfinished = |dir: &Path| -> Result<bool> {
         Ok(crate::run::checkpoint::list(dir)?.last().is_some() && crate::run::checkpoint::finished(dir)?.is_none())
     };
-    if cfg.algorithm == "marlhf" {
+    if cfg.modes.marlhf_rounds {
         let (pairs, _) = crate::prefs::replay::training_pairs(
             run_dir.replay(),
             cfg.seed,
@@ -299,7 +299,7 @@ fn save_snapshot(cfg: &Config, run_dir: &RunDir, round: u32) -> Result<()> {
     }
     copy_team(&run_dir.agents(), &run_dir.policy_snapshot(label))?;
     let mut keep_from = label.saturating_sub(1);
-    if let (Some(k), "history") = (cfg.comparator_history_k, cfg.comparator_policy.as_str()) {
+    if let ComparatorPolicy::History(k) = cfg.modes.comparator {
         keep_from = keep_from.min((label + 1).saturating_sub(k as usize));
     }
     let root = run_dir.policy_checkpoints();
@@ -428,7 +428,7 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
         candidates: n_cur,
         comparator_candidates: n_cmp,
         batch_items: cfg.collect_batch_size as usize,
-        selection: PairSelection::parse(&cfg.pair_selection).expect("validated pair_selection"),
+        selection: cfg.modes.selection,
         pairs_per_sample: cfg.preference_pairs_per_sample.map(|k| k as usize),
     };
     let rows = spec.batch_items.saturating_mul(n_cur.max(n_cmp));
@@ -438,7 +438,7 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
     // MARLHF with preference_scoring_reward = "reward_model": the newest fitted reward model (the
     // previous round's) scores both sides, raw and processed alike (reference §5.2).
     let rm_dir = run_dir.reward_model();
-    let mut scorer = if cfg.preference_scoring_reward == "reward_model" && JointRewardModel::exists(&rm_dir) {
+    let mut scorer = if cfg.modes.score_with_reward_model && JointRewardModel::exists(&rm_dir) {
         let (_, device) = cfg.reward_model_source()?;
         Scorer::RewardModel(Box::new(JointRewardModel::load(&rm_dir, &parse_device(&device, "reward_model_device")?)?))
     } else {

@@ -23,13 +23,13 @@ pub enum Collaboration {
 
 impl Collaboration {
     pub fn from_config(cfg: &Config) -> Self {
-        match cfg.collaboration_mode.as_str() {
-            "centralized" => {
+        match cfg.modes.centralized {
+            true => {
                 let f = &cfg.task.formatters;
                 let templates = (0..cfg.num_agents as usize).map(|i| f[if f.len() == 1 { 0 } else { i }].clone());
                 Collaboration::Centralized { templates: templates.collect() }
             }
-            _ => Collaboration::Decentralized,
+            false => Collaboration::Decentralized,
         }
     }
 

@@ -33,7 +33,7 @@ use serde_json::json;
 use super::setup::{abs_mean, joint_scores, mean, rollout_metrics, rollout_pad, Setup};
 use super::TrainOptions;
 use crate::algo::actor_critic::{actor_loss, buffer_advantages, value_loss};
-use crate::config::{Config, DeviceSpec};
+use crate::config::{Config, DeviceSpec, MarlhfBackend};
 use crate::device::parse_device;
 use crate::model::heads::ValueHead;
 use crate::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
@@ -274,7 +274,7 @@ fn critic_input(
     j: usize,
     s: usize,
 ) -> Result<Vec<u32>> {
-    let q = cfg.critic_type == "q";
+    let q = cfg.modes.q_critic;
     match critics {
         Critics::PerAgent(_) | Critics::Shared(_) => {
             let mut ids = row.prompt.clone();
@@ -324,8 +324,8 @@ fn build_critics(cfg: &Config, team: &[Agent]) -> Result<Critics> {
         let head = ValueHead::init(&model.varmap, VALUE_HEAD, hidden, hidden_dim, rng, &device)?;
         Ok(Critic { model, head })
     };
-    Ok(match (cfg.rl_algorithm.as_str(), cfg.use_separate_critic) {
-        ("iac", true) => {
+    Ok(match cfg.modes.marlhf {
+        MarlhfBackend::Iac { separate: true } => {
             let mut critics = Vec::with_capacity(n);
             for (i, agent) in team.iter().enumerate() {
                 let source = cfg.critic_model_name.clone().unwrap_or_else(|| sources[i].clone());
@@ -335,7 +335,7 @@ fn build_critics(cfg: &Config, team: &[Agent]) -> Result<Critics> {
             }
             Critics::PerAgent(critics)
         }
-        ("iac", false) => {
+        MarlhfBackend::Iac { separate: false } => {
             if cfg.critic_model_name.is_some() {
                 bail!("critic_model_name is set but use_separate_critic = false puts the value head on each actor");
             }
@@ -348,11 +348,13 @@ fn build_critics(cfg: &Config, team: &[Agent]) -> Result<Critics> {
             }
             Critics::Shared(heads)
         }
-        ("maac", _) => {
+        MarlhfBackend::Maac => {
             let source = cfg.critic_model_name.clone().unwrap_or_else(|| sources[0].clone());
             Critics::Central(Box::new(load(0, &source, dim(cfg.critic_value_head_hidden_dim), &mut rng(0))?))
         }
-        (other, _) => bail!("rl_algorithm = \"{other}\" is not an actor-critic backend"),
+        MarlhfBackend::PolicyGradient(_) => {
+            bail!("rl_algorithm = \"{}\" is not an actor-critic backend", cfg.rl_algorithm)
+        }
     })
 }
 

@@ -26,7 +26,7 @@ mod setup;
 
 use anyhow::{bail, Result};
 
-use crate::config::Config;
+use crate::config::{Config, MarlhfBackend};
 use crate::run::RunDir;
 use crate::train::session::TrainingSummary;
 use policy_gradient::train_policy_gradient;
@@ -59,7 +59,8 @@ impl TrainReport {
 
 /// Train the team on the reward model in `reward_model/` and save it in `agents/`.
 pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainReport> {
-    if cfg.collaboration_mode == "centralized" && cfg.marlhf_advantage_mode().is_none() {
+    let backend = cfg.modes.marlhf;
+    if cfg.modes.centralized && !matches!(backend, MarlhfBackend::PolicyGradient(_)) {
         bail!(
             "collaboration_mode = \"centralized\" with rl_algorithm = \"{}\": the actor-critic backends train \
              decentralized agents; choose a MAGRPO-family rl_algorithm (magrpo, mareinforce, maremax, marloo) for \
@@ -68,13 +69,13 @@ pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<Trai
         );
     }
     let started = std::time::Instant::now();
-    let (summary, n) = match cfg.marlhf_advantage_mode() {
-        Some(mode) => {
+    let (summary, n) = match backend {
+        MarlhfBackend::PolicyGradient(mode) => {
             let setup =
                 Setup::load(cfg, run_dir, cfg.rollout_buffer_size as usize, "rollout_buffer_size × num_generations")?;
             (train_policy_gradient(cfg, run_dir, &setup, mode, opts)?, setup.items.len())
         }
-        None => {
+        MarlhfBackend::Iac { .. } | MarlhfBackend::Maac => {
             let per_buffer = actor_critic::items_per_buffer(cfg);
             let setup = Setup::load(cfg, run_dir, per_buffer, "rollout_buffer_size (rounded up to whole items)")?;
             (actor_critic::train(cfg, run_dir, &setup, opts)?, setup.items.len())

@@ -26,18 +26,18 @@ pub(super) fn train_policy_gradient(
     cfg: &Config,
     run_dir: &RunDir,
     setup: &Setup,
-    mode: &str,
+    mode: AdvantageMode,
     opts: &TrainOptions,
 ) -> Result<TrainingSummary> {
     let rule = AdvantageRule {
-        mode: AdvantageMode::parse(mode)?,
+        mode,
         normalize: cfg.advantage_normalization,
         kl_coef: cfg.reference_kl_enabled.then_some(cfg.reference_kl_coef),
     };
     let Setup { team, items, rm, .. } = setup;
     let buffer = cfg.rollout_buffer_size as usize;
     let chunk_items = cfg.pairs_per_update().min(buffer).max(1);
-    let centralized = cfg.collaboration_mode == "centralized";
+    let centralized = cfg.modes.centralized;
     let plan = Plan {
         stage: "train-marlhf",
         models: team.iter().map(|a| &a.model).collect(),
