@@ -26,6 +26,7 @@ pub fn eval_items(cfg: &Config) -> Result<Option<Vec<TaskItem>>> {
         cfg.task.eval_file.as_ref().context("task.eval_file is not set: evaluation needs held-out items")?;
     let mut items = load_items(eval_file)?;
     items.truncate(cfg.eval_num_samples as usize);
+    crate::task::check_prompts(&cfg.role_templates(), items.iter().enumerate(), "eval")?;
     Ok(Some(items))
 }
 

@@ -373,3 +373,22 @@ fn current_copy_and_replay_across_rounds() {
     let trained = common::metric_values(&d.join("cur"), "iter/train_preference_pairs");
     assert_eq!(trained, vec![0.0, 5.0, 5.0], "round 0 (base eval), then 5 pairs drawn from the last 2 rounds");
 }
+
+/// An item whose prompt is empty is refused before the run directory records anything (no base
+/// evaluation, no fingerprint), naming the item and the agent; fixed, the same command runs.
+#[test]
+fn an_empty_prompt_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_iterations = 1");
+    let good = std::fs::read_to_string(d.join("train.jsonl")).unwrap();
+    let mut lines: Vec<&str> = good.lines().collect();
+    lines[2] = "{\"prompt\": \"  \"}";
+    std::fs::write(d.join("train.jsonl"), lines.join("\n") + "\n").unwrap();
+    let o = pbrl(&["iterate", "--config", "c.toml"], d);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("train item 2: agent 0's prompt is empty"), "{e}");
+    assert!(!d.join("run/iterate").exists() && !d.join("run/eval").exists(), "nothing recorded");
+    std::fs::write(d.join("train.jsonl"), good).unwrap();
+    ok(pbrl(&["iterate", "--config", "c.toml"], d));
+}

@@ -175,6 +175,9 @@ impl Config {
         if f != 1 && f != n {
             return err(format!("task.formatters has {f} templates; give one shared template or one per agent ({n})"));
         }
+        if let Some(i) = self.task.formatters.iter().position(|t| t.trim().is_empty()) {
+            return err(format!("task.formatters[{i}] is empty: an agent's prompt would be nothing"));
+        }
         if let Some(s) = &self.task.system_prompts {
             if s.len() != 1 && s.len() != n {
                 return err(format!("task.system_prompts has {} entries; give one or one per agent ({n})", s.len()));

@@ -43,6 +43,7 @@ fn max_new_tokens_is_one_number_or_one_per_actor() {
 #[test]
 fn each_rule_reports_its_message() {
     let cases: &[(&str, &str)] = &[
+        ("[task]\nformatters = [\"{prompt}\", \" \"]", "task.formatters[1] is empty: an agent's prompt would be nothing"),
         ("collaboration_mode = \"central\"", "collaboration_mode must be 'decentralized' or 'centralized'."),
         ("num_train_epochs = 0", "num_train_epochs must be >= 1."),
         ("num_agents = 0", "num_agents must be >= 1."),

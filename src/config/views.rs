@@ -61,6 +61,12 @@ impl Config {
         }
     }
 
+    /// Each role's `formatters` template (one template serves every role).
+    pub fn role_templates(&self) -> Vec<String> {
+        let f = &self.task.formatters;
+        (0..self.num_agents as usize).map(|a| f[if f.len() == 1 { 0 } else { a }].clone()).collect()
+    }
+
     /// The team's shape, for errors: "num_agents 2, collaboration_mode decentralized".
     pub fn team_setup(&self) -> String {
         format!("num_agents {}, collaboration_mode {}", self.num_agents, self.collaboration_mode)

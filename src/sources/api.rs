@@ -30,7 +30,7 @@ impl<'a> ApiSource<'a> {
                 top_k: cfg.top_k.map(|k| k as usize),
             })
             .collect();
-        Ok(Self { client: ApiClient::new(settings(cfg)?), team, templates: super::role_templates(cfg), sampling })
+        Ok(Self { client: ApiClient::new(settings(cfg)?), team, templates: cfg.role_templates(), sampling })
     }
 
     /// `n` answers to `prompt` in actor `actor`'s place, cut at its `max_new_tokens`

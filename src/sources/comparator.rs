@@ -12,7 +12,7 @@
 use anyhow::Result;
 
 use super::api::ApiSource;
-use super::{role_templates, Agents, Centralized, ResponseSource, TeamSource, Writer};
+use super::{Agents, Centralized, ResponseSource, TeamSource, Writer};
 use crate::config::{ComparatorPolicy, Config, DeviceSpec};
 use crate::run::team::{saved_team, MANIFEST};
 use crate::run::RunDir;
@@ -61,7 +61,7 @@ pub fn build<'a>(
             let api = ApiSource::new(cfg, team)?;
             return Ok(match cfg.modes.comparator_writer {
                 Some(index) => {
-                    Box::new(Centralized { writer: Writer::Api(Box::new(api)), index, templates: role_templates(cfg) })
+                    Box::new(Centralized { writer: Writer::Api(Box::new(api)), index, templates: cfg.role_templates() })
                 }
                 None => Box::new(api),
             });
@@ -69,7 +69,7 @@ pub fn build<'a>(
     };
     let source = TeamSource::new(agents, cfg.sampling());
     Ok(match cfg.modes.comparator_writer {
-        Some(index) => Box::new(Centralized { writer: Writer::Agent(source), index, templates: role_templates(cfg) }),
+        Some(index) => Box::new(Centralized { writer: Writer::Agent(source), index, templates: cfg.role_templates() }),
         None => Box::new(source),
     })
 }

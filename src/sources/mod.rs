@@ -12,7 +12,6 @@ pub mod http;
 
 use anyhow::Result;
 
-use crate::config::Config;
 use crate::model::SamplingParams;
 use crate::task::{render_template, TaskItem};
 use crate::team::collab::{centralized_comparator_prompt, has_any_section, parse_joint_response};
@@ -135,12 +134,6 @@ impl ResponseSource for Centralized<'_> {
             .collect();
         Ok(JointResponses { texts, rollout: None, unparsed, truncated })
     }
-}
-
-/// Each role's `formatters` template (one template serves every role).
-pub fn role_templates(cfg: &Config) -> Vec<String> {
-    let f = &cfg.task.formatters;
-    (0..cfg.num_agents as usize).map(|a| f[if f.len() == 1 { 0 } else { a }].clone()).collect()
 }
 
 /// Each role's rendered template for an item: what an API or a centralized writer is given (no

@@ -63,6 +63,28 @@ pub fn render_template(template: &str, item: &TaskItem) -> Result<String> {
     Ok(out)
 }
 
+/// Refuse, before any work, an item whose prompt for some role renders to nothing but
+/// whitespace (`templates[a]`: role a's template; `items`: each with its index in its file): a
+/// model given an empty prompt still answers, and the round would compare answers to nothing.
+pub fn check_prompts<'a>(
+    templates: &[String],
+    items: impl IntoIterator<Item = (usize, &'a TaskItem)>,
+    split: &str,
+) -> Result<()> {
+    for (index, item) in items {
+        for (a, template) in templates.iter().enumerate() {
+            let text = render_template(template, item).with_context(|| format!("{split} item {index}"))?;
+            if text.trim().is_empty() {
+                bail!(
+                    "{split} item {index}: agent {a}'s prompt is empty (template `{template}`); give every item a \
+                     non-empty prompt"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -51,7 +51,9 @@ pub fn choose_held_out_groups<K: Eq + std::hash::Hash>(keys: &[K], share: f64, s
 
 fn all_train_items(cfg: &Config) -> Result<Vec<TaskItem>> {
     let train_file = cfg.task.train_file.as_ref().context("task.train_file is not set: this stage needs task items")?;
-    load_items(train_file)
+    let items = load_items(train_file)?;
+    super::check_prompts(&cfg.role_templates(), items.iter().enumerate(), "train")?;
+    Ok(items)
 }
 
 /// The items collection and training use, each with its index in the train file (random

@@ -24,11 +24,7 @@ pub enum Collaboration {
 impl Collaboration {
     pub fn from_config(cfg: &Config) -> Self {
         match cfg.modes.centralized {
-            true => {
-                let f = &cfg.task.formatters;
-                let templates = (0..cfg.num_agents as usize).map(|i| f[if f.len() == 1 { 0 } else { i }].clone());
-                Collaboration::Centralized { templates: templates.collect() }
-            }
+            true => Collaboration::Centralized { templates: cfg.role_templates() },
             false => Collaboration::Decentralized,
         }
     }
