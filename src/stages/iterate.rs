@@ -3,13 +3,14 @@
 //! selection.
 //!
 //! Before round 1: the base team evaluated (round 0 of the plot). Round ν:
-//! 1. the current team samples `preference_num_candidates` joint responses per item, the
-//!    comparator `comparator_num_candidates` (default the same): `current` (the same agents
+//! 1. the round (`rounds::build_round`): the current team samples `preference_num_candidates`
+//!    joint responses per item, the comparator (`sources::comparator`)
+//!    `comparator_num_candidates` (default the same): `current` (the same agents
 //!    under their own seeded stream), `current_copy` (the agents as they are, copied onto
 //!    `comparator_devices`), `model` (`comparator_agents` / `comparator_model_name`), `history`
 //!    (the team `comparator_history_k` rounds back, the base models before there is one; the
 //!    snapshots are kept in `policy_checkpoints/`), or `api` (an HTTP endpoint,
-//!    `comparator::api`); with `comparator_generation_mode = "centralized"`, the comparator's
+//!    `sources::api`); with `comparator_generation_mode = "centralized"`, the comparator's
 //!    actor `comparator_centralized_agent_index` (or one API call) writes every role in the
 //!    reference's tagged prompt, parsed into the roles' outputs;
 //! 2. the task reward scores both sides (MARLHF with `preference_scoring_reward =
@@ -18,8 +19,9 @@
 //!    ordered by `pair_selection` (default `comparator_reward`) and cut to
 //!    `preference_pairs_per_sample`; the round file `iteration_ν.json` is written whole (with the
 //!    raw rewards of both sides);
-//! 3. `algorithm = "madpo"`: `train-madpo` on the replay selection (`preference_replay_mode`);
-//!    `"marlhf"`: a fresh reward model fitted on it (`fit-rm`), then `train-marlhf`;
+//! 3. `algorithm = "madpo"`: MADPO on the replay selection (`train::madpo`,
+//!    `preference_replay_mode`); `"marlhf"`: a fresh reward model fitted on it
+//!    (`reward_model::fit`), then MARLHF (`train::marlhf`);
 //! 4. the team saved as `policy_checkpoints/iteration_{ν−1}`; evaluated with the task reward;
 //!    `iter/*` metrics, `iterate/round_ν.json`, the plot `iterate/eval_reward.svg`, and both
 //!    sides' reward histograms (`reward_distributions/`). Every round is evaluated on the same
