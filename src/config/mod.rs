@@ -4,7 +4,8 @@
 //! Every mistake is reported as one line naming the file, the key and (for syntax errors and
 //! unknown keys) the line: a [`ConfigError`].
 //!
-//! `mod.rs` is the file format (one flat serde struct, so unknown keys keep failing);
+//! `mod.rs` is the file format (one flat serde struct, so unknown keys keep failing), with its
+//! `[task]` and `[reward]` tables in `tables.rs` and its defaults in `defaults.rs`;
 //! `modes.rs` the modes keys select, as types; `values.rs` the values a key may take in more than one form; `views.rs` the typed views
 //! stages take; `rules.rs` the reference-order validation; `overrides.rs` the command line's
 //! `KEY=VALUE` and the one-line error messages.
@@ -12,10 +13,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+mod defaults;
 mod modes;
 mod overrides;
 pub mod reference;
 mod rules;
+mod tables;
 #[cfg(test)]
 mod tests;
 mod values;
@@ -25,6 +28,7 @@ pub use modes::{
     AdvantageMode, ComparatorPolicy, LrSchedule, MarlhfBackend, Modes, PairSelection, ReplayMode, RewardHeadKind,
 };
 pub use overrides::{closest, Override};
+pub use tables::{RewardConfig, TaskConfig};
 pub use values::{DeviceSpec, EvalSplit, TokenLimit};
 
 /// The pooled reward head's hidden layer width when `reward_head_hidden` is not set.
@@ -54,70 +58,6 @@ fn opt<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>
         OrNone::Word(w) => {
             Err(serde::de::Error::custom(format!("invalid value `{w}` (use a value of the right type, or \"none\")")))
         }
-    }
-}
-
-/// The task: its items and how each agent's prompt is written from an item.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TaskConfig {
-    /// JSONL: one task item (a JSON object) per line; the items collection and training use.
-    pub train_file: Option<PathBuf>,
-    /// JSONL: the held-out items `pbrl eval` (and, with `eval_split = "eval_file"`, the periodic
-    /// evaluations) use.
-    pub eval_file: Option<PathBuf>,
-    /// One prompt template per agent, or one for all; `{field}` is replaced by the item's field,
-    /// `{{` and `}}` are literal braces.
-    pub formatters: Vec<String>,
-    /// Optional per-agent system prompts for the chat template.
-    pub system_prompts: Option<Vec<String>>,
-    /// Wrap each prompt in the model's chat template.
-    pub chat_template: bool,
-    /// Extra variables for the chat template, as keyword arguments of transformers'
-    /// `apply_chat_template` (`enable_thinking = false` for Qwen3, `date_string` for Llama 3.x).
-    pub chat_template_kwargs: toml::Table,
-}
-
-impl Default for TaskConfig {
-    fn default() -> Self {
-        Self {
-            train_file: None,
-            eval_file: None,
-            formatters: vec!["{prompt}".to_string()],
-            system_prompts: None,
-            chat_template: true,
-            chat_template_kwargs: toml::Table::new(),
-        }
-    }
-}
-
-/// The task reward and its `reward_processor` (x * scale + shift). Parameters of the chosen kind
-/// sit in the same table and are checked by the reward itself:
-///
-/// | kind | parameters | reward |
-/// |---|---|---|
-/// | `length_ratio` | `target_min` = 2, `target_max` = 3 | r = len(agent 1) / len(agent 0) in characters; 1 inside [min, max], exp(−distance) outside; 0 when agent 0's answer is empty |
-/// | `tldr_length` | `target_chars` = 220, `tolerance` = 110 | the reference's TL;DR dual-length reward: the ratio score (1 in [2, 3]) and the concise length's score, averaged, in [−1, 1]; −1 when an answer is empty |
-/// | `numeric_answer` | `answer_field` = "answer", `tolerance` = 1e-6 | 1 when the last agent's last `\boxed{}` (else its last number) equals the item's answer |
-/// | `keywords` | `keywords` = [], `keywords_field` = "keywords", `regex` = false, `whole_words` = false, `max_words` = [] | the share of the keywords (the config's and the item's) found, case-insensitively, in the agents' texts; `whole_words`: only as whole words; `max_words`: per role, only its first N words are searched (0: all) |
-/// | `command` | `command` = [program, args...], `env` = [variable names] | an external program speaking JSON lines: one request per item, `{"prompts", "completions", "items"}`, one answer `{"rewards": [...]}`; it gets `PATH`, `HOME`, `LANG` and the variables `env` names, nothing else |
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct RewardConfig {
-    /// Which reward (the table above).
-    pub kind: String,
-    /// The reward processor's scale: x * scale + shift.
-    pub scale: f64,
-    /// The reward processor's shift.
-    pub shift: f64,
-    /// The kind's parameters (the table above).
-    #[serde(flatten)]
-    pub params: toml::Table,
-}
-
-impl Default for RewardConfig {
-    fn default() -> Self {
-        Self { kind: "length_ratio".into(), scale: 1.0, shift: 0.0, params: toml::Table::new() }
     }
 }
 
@@ -408,119 +348,6 @@ pub struct Config {
     pub task: TaskConfig,
     /// The task reward: `[reward]` below.
     pub reward: RewardConfig,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            run_dir: PathBuf::from("runs/default"),
-            seed: 42,
-            agent_model: None,
-            agents: None,
-            score_last_token: false,
-            reward_timeout_s: 60.0,
-            collect_batch_size: 1,
-            eval_samples_per_item: 1,
-            reward_range: None,
-            log_reward_distribution: false,
-            preference_replay_dir: None,
-            preference_replay_mode: "current".into(),
-            preference_replay_k: None,
-            preference_replay_lambda: None,
-            preference_replay_sample_size: None,
-            checkpoint_interval: 0,
-            checkpoint_total_limit: None,
-            madpo_reference: false,
-            reference_model_name: None,
-            madpo_length_normalize: false,
-            madpo_log_kl: false,
-            eval_split: EvalSplit::EvalFile,
-            keep_best: false,
-            lr_scheduler_type: LrSchedule::Constant,
-            reward_eval_fraction: 0.1,
-            reward_fresh_samples: 4,
-            num_train_epochs: 20,
-            agent_learning_rate: 5e-6,
-            logging_steps: 50,
-            num_agents: 2,
-            collaboration_mode: "decentralized".into(),
-            parallel_training: "none".into(),
-            agent_devices: None,
-            max_new_tokens: TokenLimit::One(256),
-            temperature: 0.6,
-            top_p: 0.6,
-            top_k: Some(50),
-            num_turns: 1,
-            discount: 1.0,
-            joint_mode: "aligned".into(),
-            early_termination_threshold: None,
-            external_prompt_passthrough: false,
-            eval_interval: 16,
-            eval_num_samples: 4,
-            eval_batch_size: 1,
-            rollout_buffer_size: 2,
-            train_batch_size: None,
-            advantage_normalization: true,
-            advantage_mode: "mean".into(),
-            reference_kl_enabled: false,
-            reference_kl_coef: 0.1,
-            reference_devices: None,
-            preference_num_candidates: 80,
-            preference_pairs_per_sample: Some(16),
-            pair_selection: "reward_gap".into(),
-            dpo_beta: 0.1,
-            use_environment_step: true,
-            environment_steps_per_pair: 2,
-            rl_algorithm: "magrpo".into(),
-            num_generations: 4,
-            reward_model_name: None,
-            reward_model_device: None,
-            reward_learning_rate: 1e-5,
-            reward_num_train_epochs: 1,
-            reward_train_batch_size: 1,
-            reward_max_length: None,
-            reward_freeze_backbone: false,
-            reward_head: RewardHeadKind::LastToken,
-            reward_head_hidden: None,
-            critic_model_name: None,
-            critic_learning_rate: None,
-            critic_devices: None,
-            use_separate_critic: true,
-            critic_type: "v".into(),
-            value_loss_coef: 0.6,
-            value_clip_range: Some(0.2),
-            critic_value_head_hidden_dim: None,
-            value_head_hidden_dim: None,
-            iterative: false,
-            modes: Modes::default(),
-            num_iterations: 6,
-            algorithm: "madpo".into(),
-            comparator_policy: "current".into(),
-            comparator_num_candidates: None,
-            comparator_history_k: None,
-            comparator_model_name: None,
-            comparator_agents: None,
-            comparator_devices: None,
-            comparator_generation_mode: "decentralized".into(),
-            comparator_centralized_agent_index: 0,
-            comparator_api_url: None,
-            comparator_api_format: "generic".into(),
-            comparator_api_model: None,
-            comparator_api_max_n_per_request: None,
-            comparator_api_timeout: 120.0,
-            comparator_api_headers: None,
-            comparator_api_key: None,
-            comparator_api_key_env: None,
-            comparator_api_key_header: "Authorization".into(),
-            comparator_api_key_prefix: "Bearer".into(),
-            comparator_api_response_field: Some("completions".into()),
-            comparator_api_extra_body: None,
-            comparator_api_max_attempts: 5,
-            preference_scoring_reward: "task".into(),
-            task: TaskConfig::default(),
-            reward: RewardConfig::default(),
-        }
-    }
 }
 
 /// The reference's iterative defaults (MADPOIterConfig; MARLHFIterConfig's with `marlhf`), which

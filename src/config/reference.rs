@@ -1,16 +1,17 @@
-//! The config reference, `docs/config.md`, generated from this module's source: every key of
+//! The config reference, `docs/config.md`, generated from this module's sources (`mod.rs`,
+//! `tables.rs`): every key of
 //! [`Config`], [`TaskConfig`] and [`RewardConfig`] with its doc comment and its default, grouped
 //! by the `// --- section ---` comments of the struct. A test (`config::tests`) fails when the
 //! file is stale; `PBRL_BLESS=1 cargo test --lib config_reference` rewrites it.
 use super::{iterative_defaults, Config, RewardConfig, TaskConfig};
 
-/// The source the reference is read from.
-const SOURCE: &str = include_str!("mod.rs");
+/// The sources the reference is read from: the flat keys, then the tables.
+const SOURCES: [&str; 2] = [include_str!("mod.rs"), include_str!("tables.rs")];
 
 const INTRO: &str = "\
 # Config reference
 
-Generated from the doc comments of `src/config/mod.rs` by `PBRL_BLESS=1 cargo test --lib \
+Generated from the doc comments of `src/config/mod.rs` and `tables.rs` by `PBRL_BLESS=1 cargo test --lib \
 config_reference`; a test fails when this file is stale. Do not edit it by hand.
 
 A config is a TOML file. Flat keys carry the names, defaults and validation rules of CoMLRL
@@ -39,11 +40,11 @@ pub struct StructDoc {
 
 /// Read `pub struct <name> { ... }` from the source: its doc comment and each field's.
 pub fn struct_doc(name: &str) -> StructDoc {
-    let lines: Vec<&str> = SOURCE.lines().collect();
+    let lines: Vec<&str> = SOURCES.iter().flat_map(|s| s.lines()).collect();
     let start = lines
         .iter()
         .position(|l| *l == format!("pub struct {name} {{"))
-        .unwrap_or_else(|| panic!("`pub struct {name}` is not in src/config/mod.rs"));
+        .unwrap_or_else(|| panic!("`pub struct {name}` is in neither src/config/mod.rs nor tables.rs"));
     let doc_comment = |upto: usize| {
         let mut docs: Vec<&str> = Vec::new();
         for l in lines[..upto].iter().rev() {

@@ -6,4 +6,5 @@ pub mod madpo;
 pub mod marlhf;
 pub mod optim;
 pub mod session;
+pub mod summary;
 pub mod training_plot;

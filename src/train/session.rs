@@ -19,7 +19,6 @@ use candle_core::{DType, Tensor, Var};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::optim::{AdamW, AdamWConfig};
@@ -98,32 +97,7 @@ struct PeriodicEval {
     last: Option<EvalPoint>,
 }
 
-/// How a training run ended (`training_summary.json`, and what `finish` returns).
-#[derive(Debug, Clone, Serialize)]
-pub struct TrainingSummary {
-    pub stage: String,
-    pub updates: u64,
-    /// The evaluation of the agents after the last update.
-    pub final_eval: Option<EvalPoint>,
-    /// The best periodic evaluation (the final one included).
-    pub best_eval: Option<EvalPoint>,
-    /// Which agents are in `agents/`: "final" or "best".
-    pub saved: &'static str,
-}
-
-impl TrainingSummary {
-    /// "trained `what`: N updates in S s; agents saved in DIR", and the final and best
-    /// evaluations with which agents were saved, when there were evaluations.
-    pub fn describe(&self, what: &str, secs: f64, saved_in: &Path) -> String {
-        let mut out =
-            format!("trained {what}: {} updates in {secs:.1} s; agents saved in {}", self.updates, saved_in.display());
-        let show = |e: &EvalPoint| format!("{:.4} ± {:.4} after update {}", e.reward_mean, e.reward_stderr, e.update);
-        if let (Some(f), Some(b)) = (&self.final_eval, &self.best_eval) {
-            out += &format!("\neval reward: final {}; best {}; saved: the {} agents", show(f), show(b), self.saved);
-        }
-        out
-    }
-}
+pub use super::summary::TrainingSummary;
 
 pub struct Session<'a> {
     cfg: &'a Config,

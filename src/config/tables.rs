@@ -1,0 +1,68 @@
+//! The `[task]` and `[reward]` tables.
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The task: its items and how each agent's prompt is written from an item.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TaskConfig {
+    /// JSONL: one task item (a JSON object) per line; the items collection and training use.
+    pub train_file: Option<PathBuf>,
+    /// JSONL: the held-out items `pbrl eval` (and, with `eval_split = "eval_file"`, the periodic
+    /// evaluations) use.
+    pub eval_file: Option<PathBuf>,
+    /// One prompt template per agent, or one for all; `{field}` is replaced by the item's field,
+    /// `{{` and `}}` are literal braces.
+    pub formatters: Vec<String>,
+    /// Optional per-agent system prompts for the chat template.
+    pub system_prompts: Option<Vec<String>>,
+    /// Wrap each prompt in the model's chat template.
+    pub chat_template: bool,
+    /// Extra variables for the chat template, as keyword arguments of transformers'
+    /// `apply_chat_template` (`enable_thinking = false` for Qwen3, `date_string` for Llama 3.x).
+    pub chat_template_kwargs: toml::Table,
+}
+
+impl Default for TaskConfig {
+    fn default() -> Self {
+        Self {
+            train_file: None,
+            eval_file: None,
+            formatters: vec!["{prompt}".to_string()],
+            system_prompts: None,
+            chat_template: true,
+            chat_template_kwargs: toml::Table::new(),
+        }
+    }
+}
+
+/// The task reward and its `reward_processor` (x * scale + shift). Parameters of the chosen kind
+/// sit in the same table and are checked by the reward itself:
+///
+/// | kind | parameters | reward |
+/// |---|---|---|
+/// | `length_ratio` | `target_min` = 2, `target_max` = 3 | r = len(agent 1) / len(agent 0) in characters; 1 inside [min, max], exp(−distance) outside; 0 when agent 0's answer is empty |
+/// | `tldr_length` | `target_chars` = 220, `tolerance` = 110 | the reference's TL;DR dual-length reward: the ratio score (1 in [2, 3]) and the concise length's score, averaged, in [−1, 1]; −1 when an answer is empty |
+/// | `numeric_answer` | `answer_field` = "answer", `tolerance` = 1e-6 | 1 when the last agent's last `\boxed{}` (else its last number) equals the item's answer |
+/// | `keywords` | `keywords` = [], `keywords_field` = "keywords", `regex` = false, `whole_words` = false, `max_words` = [] | the share of the keywords (the config's and the item's) found, case-insensitively, in the agents' texts; `whole_words`: only as whole words; `max_words`: per role, only its first N words are searched (0: all) |
+/// | `command` | `command` = [program, args...], `env` = [variable names] | an external program speaking JSON lines: one request per item, `{"prompts", "completions", "items"}`, one answer `{"rewards": [...]}`; it gets `PATH`, `HOME`, `LANG` and the variables `env` names, nothing else |
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RewardConfig {
+    /// Which reward (the table above).
+    pub kind: String,
+    /// The reward processor's scale: x * scale + shift.
+    pub scale: f64,
+    /// The reward processor's shift.
+    pub shift: f64,
+    /// The kind's parameters (the table above).
+    #[serde(flatten)]
+    pub params: toml::Table,
+}
+
+impl Default for RewardConfig {
+    fn default() -> Self {
+        Self { kind: "length_ratio".into(), scale: 1.0, shift: 0.0, params: toml::Table::new() }
+    }
+}
