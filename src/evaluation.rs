@@ -7,13 +7,12 @@ use serde_json::json;
 
 use crate::algo::trend::{item_means, paired_gain, MeanSe};
 use crate::config::{Config, EvalSplit};
+use crate::oracle::Oracle;
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
 use crate::run::{atomic_create, atomic_write, RunDir};
-use crate::task::reward::{build_reward, RewardProcessor, TaskReward};
 use crate::task::split::held_out_items;
 use crate::task::{load_items, TaskItem};
-use crate::team::collab::Collaboration;
 use crate::team::rollout::rollout;
 use crate::team::{check_fits, load_members, Agent, Members};
 
@@ -109,14 +108,13 @@ pub fn evaluate(
     cfg: &Config,
     team: &[Agent],
     items: &[TaskItem],
-    reward: &mut dyn TaskReward,
-    processor: RewardProcessor,
+    oracle: &mut Oracle,
     stream: u64,
 ) -> Result<Evaluation> {
     check_fits(team, items, &cfg.max_new_tokens(), cfg.eval_rows(), "eval")?;
     let params = cfg.sampling();
     let k = cfg.eval_samples_per_item as usize;
-    let collab = Collaboration::from_config(cfg);
+    let centralized = cfg.modes.centralized;
     let bar = progress::bar(items.len() as u64, "eval");
     let started = std::time::Instant::now();
     let mut generated = 0usize;
@@ -131,17 +129,16 @@ pub fn evaluate(
         })?;
         for (j, item) in batch.iter().enumerate() {
             let p = out.prompts[j].clone();
-            let reward_prompts = collab.reward_prompts(item, &p)?;
-            for draw in 0..k {
-                let actor_outputs = out.texts(j, draw);
-                let c = collab.role_outputs(&actor_outputs);
-                let r = processor.apply(reward.score(item, &reward_prompts, &c)?);
+            let joints: Vec<Vec<String>> = (0..k).map(|draw| out.texts(j, draw)).collect();
+            let scores = oracle.score(item, &p, &joints)?.processed;
+            for (draw, (actor_outputs, r)) in joints.iter().zip(scores).enumerate() {
+                let c = oracle.role_outputs(actor_outputs);
                 if !r.is_finite() {
                     bail!("the reward of eval item {} (sample {draw}) is not finite ({r})", first + j);
                 }
                 rewards.push(r);
                 let mut record = json!({"item": item, "sample": draw, "prompts": p, "completions": c, "reward": r});
-                if collab.is_centralized() {
+                if centralized {
                     record["joint_completion"] = json!(actor_outputs[0]);
                 }
                 records.push(record);
@@ -227,10 +224,10 @@ impl RunEvaluation {
 /// the run directory's evaluations so far (`eval/eval_reward.svg`).
 pub fn evaluate_run(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<RunEvaluation> {
     let items = eval_items(cfg)?.context("eval_num_samples is 0: nothing to evaluate")?;
-    let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
+    let mut oracle = Oracle::new(cfg)?;
     let team = load_members(cfg, run_dir, members)?;
     let started = std::time::Instant::now();
-    let evaluation = evaluate(cfg, &team, &items, reward.as_mut(), processor, cfg.seed)?;
+    let evaluation = evaluate(cfg, &team, &items, &mut oracle, cfg.seed)?;
     let team_label = match members {
         Members::Base => "base".to_string(),
         Members::Current if run_dir.agents().is_dir() => "agents".to_string(),

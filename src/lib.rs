@@ -9,6 +9,7 @@ pub mod config;
 pub mod device;
 pub mod evaluation;
 pub mod model;
+pub mod oracle;
 pub mod plot;
 pub mod prefs;
 pub mod progress;

@@ -16,6 +16,7 @@ use indicatif::ProgressBar;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use crate::oracle::{Oracle, Scores};
 use crate::prefs::distribution::{comparison_record, distribution_record, histogram, svg};
 use crate::prefs::selection::{select_comparison_pairs, select_pairs, PairSelection, Winner};
 use crate::prefs::PreferencePair;
@@ -23,14 +24,12 @@ use crate::reward_model::JointRewardModel;
 use crate::rng::{derive_seed, purpose};
 use crate::run::{atomic_write, RunDir};
 use crate::sources::ResponseSource;
-use crate::task::reward::{RewardProcessor, TaskReward};
 use crate::task::TaskItem;
-use crate::team::collab::Collaboration;
 
-/// What scores a joint response.
+/// What scores a joint response in a round.
 pub enum Scorer {
     /// The task reward on the roles' outputs, then the reward processor.
-    Oracle { reward: Box<dyn TaskReward>, processor: RewardProcessor, collab: Collaboration },
+    Oracle(Oracle),
     /// A fitted joint reward model (MARLHF's `preference_scoring_reward = "reward_model"`).
     RewardModel(Box<JointRewardModel>),
 }
@@ -53,10 +52,8 @@ impl Scorer {
                 }
                 Ok((s.clone(), s))
             }
-            Scorer::Oracle { reward, processor, collab } => {
-                let roles: Vec<Vec<String>> = joints.iter().map(|x| collab.role_outputs(x)).collect();
-                let raw = reward.score_batch(item, &collab.reward_prompts(item, prompts)?, &roles)?;
-                let processed: Vec<f64> = raw.iter().map(|&r| processor.apply(r)).collect();
+            Scorer::Oracle(oracle) => {
+                let Scores { raw, processed } = oracle.score(item, prompts, joints)?;
                 if let Some(bad) = processed.iter().find(|s| !s.is_finite()) {
                     bail!("the reward of train item {item_index} is not finite ({bad})");
                 }

@@ -36,13 +36,12 @@ use crate::algo::bradley_terry::{bradley_terry_loss, pair_stats, within_prompt_o
 use crate::device::parse_device;
 use crate::model::batch::distinct_rows;
 use crate::model::{LoadedModel, Mode};
+use crate::oracle::Oracle;
 use crate::prefs::replay::training_pairs;
 use crate::prefs::{check_actors, round_path, PreferencePair};
 use crate::rng::{derive_seed, purpose};
 use crate::run::{atomic_write, RunDir};
-use crate::task::reward::build_reward;
 use crate::task::split::{choose_held_out_groups, train_items};
-use crate::team::collab::Collaboration;
 use crate::team::rollout::rollout;
 use crate::team::{check_fits, load_team};
 use crate::train::session::{Plan, Session, TrainingData};
@@ -310,26 +309,20 @@ fn fresh_rank(
         return Ok(None);
     }
     check_fits(&team, &items, &cfg.max_new_tokens(), (k, "reward_fresh_samples"), "train")?;
-    let (mut reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
-    let collab = Collaboration::from_config(cfg);
+    let mut oracle = Oracle::new(cfg)?;
     let seed =
         |j: usize, a: usize, s: usize| derive_seed(cfg.seed, &[purpose::REWARD_FRESH, j as u64, a as u64, s as u64]);
     let mut groups = Vec::with_capacity(items.len());
     for (j, item) in items.iter().enumerate() {
         let out = rollout(&team, std::slice::from_ref(item), k, &cfg.sampling(), |_, a, s| seed(j, a, s), |_| {})?;
         let prompts = &out.prompts[0];
-        let reward_prompts = collab.reward_prompts(item, prompts)?;
-        let (mut oracle, mut rows) = (Vec::with_capacity(k), Vec::with_capacity(k));
-        for s in 0..k {
-            let actor_outputs = out.texts(0, s);
-            let r = processor.apply(reward.score(item, &reward_prompts, &collab.role_outputs(&actor_outputs))?);
-            if !r.is_finite() {
-                bail!("fresh sample {s} of a held-out item: its reward is not finite ({r})");
-            }
-            oracle.push(r);
-            rows.push(rm.encode(prompts, &actor_outputs)?);
+        let joints: Vec<Vec<String>> = (0..k).map(|s| out.texts(0, s)).collect();
+        let truth = oracle.score(item, prompts, &joints)?.processed;
+        if let Some((s, r)) = truth.iter().enumerate().find(|(_, r)| !r.is_finite()) {
+            bail!("fresh sample {s} of a held-out item: its reward is not finite ({r})");
         }
-        groups.push((oracle, rm.score(&rows, SCORE_BATCH)?));
+        let rows = joints.iter().map(|x| rm.encode(prompts, x)).collect::<Result<Vec<_>>>()?;
+        groups.push((truth, rm.score(&rows, SCORE_BATCH)?));
     }
     let (right, total) = within_prompt_order(&groups, 1e-9);
     Ok((total > 0).then(|| FreshRank {

@@ -14,14 +14,14 @@ use anyhow::{bail, Result};
 use serde_json::json;
 
 use crate::config::Config;
+use crate::oracle::Oracle;
 use crate::prefs::{existing_rounds, round_path, RoundFile};
 use crate::progress;
 use crate::rounds::{build_round, mean, RoundSpec, Scorer};
 use crate::run::RunDir;
 use crate::sources::{Agents, TeamSource};
 use crate::task::split::train_items;
-use crate::task::{reward::build_reward, TaskItem};
-use crate::team::collab::Collaboration;
+use crate::task::TaskItem;
 use crate::team::{check_fits, load_team};
 
 pub struct CollectOptions {
@@ -61,8 +61,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
         selection: cfg.modes.selection,
         pairs_per_sample: cfg.preference_pairs_per_sample.map(|k| k as usize),
     };
-    let (reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
-    let mut scorer = Scorer::Oracle { reward, processor, collab: Collaboration::from_config(cfg) };
+    let mut scorer = Scorer::Oracle(Oracle::new(cfg)?);
     let team = load_team(cfg, run_dir)?;
     let rows = (batch_rows(cfg), "collect_batch_size × preference_num_candidates");
     let items: Vec<(usize, TaskItem)> = train_items(cfg)?;

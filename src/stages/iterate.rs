@@ -43,6 +43,7 @@ use crate::algo::trend::RoundTrend;
 use crate::config::{ComparatorPolicy, Config};
 use crate::device::parse_device;
 use crate::evaluation::evaluate_run;
+use crate::oracle::Oracle;
 use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
 use crate::progress;
 use crate::reward_model::fit::{fit, FitOptions};
@@ -52,10 +53,8 @@ use crate::run::fingerprint::Fingerprint;
 use crate::run::team::{copy_team, saved_team};
 use crate::run::{atomic_write, RunDir};
 use crate::sources::{comparator, Agents, TeamSource};
-use crate::task::reward::build_reward;
 use crate::task::split::train_items;
 use crate::task::TaskItem;
-use crate::team::collab::Collaboration;
 use crate::team::{check_fits, load_team, Members};
 
 pub struct IterateOptions {
@@ -444,8 +443,7 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
         let (_, device) = cfg.reward_model_source()?;
         Scorer::RewardModel(Box::new(JointRewardModel::load(&rm_dir, &parse_device(&device, "reward_model_device")?)?))
     } else {
-        let (reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
-        Scorer::Oracle { reward, processor, collab: Collaboration::from_config(cfg) }
+        Scorer::Oracle(Oracle::new(cfg)?)
     };
     let bar = progress::bar(items.len() as u64, "iterate: compare");
     let source = TeamSource::new(Agents::Borrowed(&team), cfg.sampling());

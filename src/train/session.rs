@@ -25,13 +25,13 @@ use super::optim::{AdamW, AdamWConfig};
 use crate::config::Config;
 use crate::evaluation::{evaluate, periodic_eval_items, periodic_eval_stream};
 use crate::model::LoadedModel;
+use crate::oracle::Oracle;
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
 use crate::run::checkpoint::{self, EvalPoint, Progress};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::team::{copy_team, save_team, save_team_to};
 use crate::run::RunDir;
-use crate::task::reward::{build_reward, RewardProcessor, TaskReward};
 use crate::task::TaskItem;
 use crate::team::{check_fits, Agent};
 
@@ -89,8 +89,7 @@ impl Step<'_> {
 /// Evaluation during training: the held-out items and their reward.
 struct PeriodicEval {
     items: Vec<TaskItem>,
-    reward: Box<dyn TaskReward>,
-    processor: RewardProcessor,
+    oracle: Oracle,
     /// The seed of its draws (`periodic_eval_stream`).
     stream: u64,
     /// The newest evaluation.
@@ -231,11 +230,9 @@ impl<'a> Session<'a> {
             Some(team) if cfg.eval_interval > 0 => match periodic_eval_items(cfg)? {
                 Some(items) => {
                     check_fits(team, &items, &cfg.max_new_tokens(), cfg.eval_rows(), "eval")?;
-                    let (reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
                     Some(PeriodicEval {
                         items,
-                        reward,
-                        processor,
+                        oracle: Oracle::new(cfg)?,
                         stream: periodic_eval_stream(cfg.seed, &rounds),
                         last: None,
                     })
@@ -353,7 +350,7 @@ impl<'a> Session<'a> {
     /// beat the best so far (strictly: a tie keeps the earlier, less trained agents).
     fn evaluate_now(&mut self) -> Result<()> {
         let (Some(ev), Some(team)) = (self.eval.as_mut(), self.team) else { return Ok(()) };
-        let out = evaluate(self.cfg, team, &ev.items, ev.reward.as_mut(), ev.processor, ev.stream)?;
+        let out = evaluate(self.cfg, team, &ev.items, &mut ev.oracle, ev.stream)?;
         let point = EvalPoint {
             update: self.progress.updates,
             reward_mean: out.reward_mean(),
