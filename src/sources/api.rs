@@ -108,7 +108,7 @@ pub fn settings(cfg: &Config) -> Result<ApiSettings> {
         None => None,
     };
     Ok(ApiSettings {
-        url: cfg.comparator_api_url.clone().expect("validated: the api policy has a url"),
+        url: cfg.comparator_api_url.clone().context("comparator_policy = \"api\" needs comparator_api_url")?,
         format: ApiFormat::parse(&cfg.comparator_api_format)?,
         model: cfg.comparator_api_model.clone(),
         max_n_per_request: cfg.comparator_api_max_n_per_request.map(|n| n as usize),
