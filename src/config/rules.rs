@@ -373,6 +373,11 @@ impl Config {
                 if policy == "api" && self.comparator_api_url.is_none() {
                     return err("comparator_policy='api' requires comparator_api_url.");
                 }
+                if policy == "api" && self.iterative && self.collaboration_mode == "centralized" {
+                    return err(
+                        "comparator_policy = \"api\" with a centralized actor: choose a model-based comparator_policy",
+                    );
+                }
             }
         }
         if let Some(a) = &self.comparator_agents {

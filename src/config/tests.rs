@@ -328,3 +328,20 @@ fn modes_are_typed_when_the_config_loads() {
     assert_eq!(c.modes.comparator, ComparatorPolicy::Model(vec!["x".into(), "x".into()]));
     assert_eq!(c.modes.comparator_writer, Some(0));
 }
+
+/// `iterate`'s cross-field rule lives with the others: an API comparator cannot stand in for a
+/// centralized actor (the config of another command does not use the comparator).
+#[test]
+fn an_api_comparator_needs_a_decentralized_team() {
+    let text = "collaboration_mode = \"centralized\"\nagents = [\"m\"]\ncomparator_policy = \"api\"\n\
+                comparator_api_url = \"http://localhost:1\"";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, text).unwrap();
+    let e = Config::load_iterative(&path, &[]).unwrap_err().0;
+    assert!(
+        e.ends_with("comparator_policy = \"api\" with a centralized actor: choose a model-based comparator_policy"),
+        "{e}"
+    );
+    assert!(load(text, &[]).is_ok());
+}

@@ -95,9 +95,6 @@ pub struct RoundSummary {
 
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> {
     let api = cfg.modes.comparator == ComparatorPolicy::Api;
-    if api && cfg.modes.centralized {
-        bail!("comparator_policy = \"api\" with a centralized actor: choose a model-based comparator_policy");
-    }
     // Everything a round will need is checked before the run directory records anything, so a
     // mistake found here leaves it usable for the corrected command.
     let items = train_items(cfg)?;
