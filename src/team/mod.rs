@@ -122,7 +122,7 @@ pub fn check_fits(
 }
 
 /// `MemAvailable` of /proc/meminfo, in bytes (None where it cannot be read).
-fn available_memory() -> Option<u64> {
+pub fn available_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

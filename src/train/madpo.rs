@@ -24,7 +24,7 @@ use serde_json::json;
 use crate::algo::madpo::{accuracy, joint_margins, other_margins};
 use crate::algo::madpo_batch::{agent_objective, agent_rows, batch_scores, margin_values, margins, scorer, SeqLogProb};
 use crate::config::Config;
-use crate::model::scoring::{LastToken, ScoreRow};
+use crate::model::scoring::{scored_tokens, LastToken, ScoreRow};
 use crate::model::Mode;
 use crate::prefs::replay::training_pairs;
 use crate::prefs::{check_actors, round_path, PreferencePair};
@@ -57,11 +57,21 @@ impl TrainReport {
 }
 
 /// Refuse, before training, a pair whose re-tokenized prompt and completion do not fit an actor's
-/// context.
-fn check_pairs_fit(team: &[Agent], pairs: &[PreferencePair], max_new_tokens: &[usize], last: LastToken) -> Result<()> {
+/// context, and an update whose logits could not be held: `pairs_per_update` pairs are 2 rows
+/// each per actor, and the logits of their scored tokens and the logits' gradient alone (f32, a
+/// vocabulary-wide row per scored token) need at least that much for the longest such rows; the
+/// rest of the step needs more.
+fn check_pairs_fit(
+    team: &[Agent],
+    pairs: &[PreferencePair],
+    max_new_tokens: &[usize],
+    last: LastToken,
+    pairs_per_update: usize,
+) -> Result<()> {
     for agent in team {
         let max_new_tokens = max_new_tokens[agent.index];
         let context = agent.model.model.config.context_length();
+        let mut lengths = Vec::with_capacity(2 * pairs.len());
         for (p, pair) in pairs.iter().enumerate() {
             for row in agent_rows(&agent.model.tokenizer, agent.index, &[pair], max_new_tokens, last)? {
                 let n = row.prompt.len() + row.completion.len();
@@ -73,10 +83,33 @@ fn check_pairs_fit(team: &[Agent], pairs: &[PreferencePair], max_new_tokens: &[u
                         agent.model.source
                     );
                 }
+                lengths.push(scored_tokens(&row, last));
+            }
+        }
+        let (tokens, need) = update_logit_bytes(lengths, pairs_per_update, agent.model.model.config.vocab_size);
+        if let (true, Some(free)) = (agent.device.is_cpu(), crate::team::available_memory()) {
+            if need > free as u128 {
+                bail!(
+                    "train_batch_size: an update of {pairs_per_update} pairs scores up to {tokens} tokens of actor {}, \
+                     whose logits and their gradient alone need {} MiB, more than the {} MiB of memory available; lower \
+                     train_batch_size",
+                    agent.index,
+                    need >> 20,
+                    free >> 20
+                );
             }
         }
     }
     Ok(())
+}
+
+/// The scored tokens of the largest possible update (`pairs_per_update` pairs: the longest 2 rows
+/// per pair of an actor's scored-token counts `lengths`) and the bytes of their f32 logits and
+/// the logits' gradient.
+fn update_logit_bytes(mut lengths: Vec<usize>, pairs_per_update: usize, vocab: usize) -> (usize, u128) {
+    lengths.sort_unstable_by(|a, b| b.cmp(a));
+    let tokens: usize = lengths.iter().take(pairs_per_update.saturating_mul(2)).sum();
+    (tokens, tokens as u128 * vocab as u128 * 8)
 }
 
 /// Train the team on the replay selection and save it in `agents/`; `None` when the selected
@@ -91,7 +124,7 @@ pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<Opti
     let team = load_team(cfg, run_dir)?;
     let last = scorer(Collaboration::from_config(cfg).is_centralized(), cfg.score_last_token);
     let max_new = cfg.max_new_tokens();
-    check_pairs_fit(&team, &pairs, &max_new, last)?;
+    check_pairs_fit(&team, &pairs, &max_new, last, cfg.pairs_per_update())?;
     let dir = run_dir.replay().to_path_buf();
     let files: Vec<(u32, PathBuf)> = rounds.iter().map(|&r| (r, round_path(&dir, r))).collect();
     let files: Vec<(u32, &Path)> = files.iter().map(|(r, p)| (*r, p.as_path())).collect();
@@ -286,4 +319,16 @@ fn reference_log_probs(
     run_dir.log_metrics(&json!({"stage": "train-madpo", "event": "reference", "reference/seconds": seconds,
         "reference/num_pairs": pairs.len()}))?;
     Ok(file.log_probs)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The bound counts the longest rows an update can hold, 8 bytes per logit.
+    #[test]
+    fn an_update_s_logits_are_bounded_by_its_longest_rows() {
+        let lengths = vec![10, 300, 20, 250, 40, 30];
+        assert_eq!(super::update_logit_bytes(lengths.clone(), 1, 1000), (550, 550 * 1000 * 8));
+        assert_eq!(super::update_logit_bytes(lengths.clone(), 2, 49152).0, 300 + 250 + 40 + 30);
+        assert_eq!(super::update_logit_bytes(lengths, usize::MAX, 2).0, 650, "more pairs than there are: all rows");
+    }
 }
