@@ -386,3 +386,30 @@ fn the_pad_token_embedding_gets_no_gradient_from_its_positions() {
     assert!(without[0] > 0.0 && with_pad[1] > 0.0 && with_pad[2] > 0.0);
     assert_eq!(with_pad[1], without[1], "other rows' gradients are untouched");
 }
+
+/// A backbone (what a reward model or a critic holds) has the same hidden states as the full
+/// model, no LM head in memory (an untied model's `lm_head.weight` dropped), and saves and
+/// loads back without one.
+#[test]
+fn a_backbone_has_the_hidden_states_without_an_lm_head() {
+    let d = tempfile::tempdir().unwrap();
+    tiny_model(Architecture::Llama, false, 9, DType::F32).unwrap().save_hf_dir(&d.path().join("m"), None).unwrap();
+    let src = d.path().join("m").display().to_string();
+    let full = LoadedModel::load(&src, &Device::Cpu).unwrap();
+    let backbone = LoadedModel::load_backbone(&src, &Device::Cpu).unwrap();
+    let names = |m: &LoadedModel| m.varmap.data().lock().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert!(names(&full).contains(&"lm_head.weight".to_string()));
+    assert!(!names(&backbone).contains(&"lm_head.weight".to_string()), "the untied head is not in memory");
+    assert_eq!(names(&backbone).len() + 1, names(&full).len());
+    let batch = PaddedBatch::new(&[vec![1, 5, 7, 2]], 0, Padding::Right, &Device::Cpu).unwrap();
+    let hidden =
+        |m: &LoadedModel| m.model.forward_hidden(&batch.ids, &batch.positions, &batch.bias, None, Mode::Infer).unwrap();
+    let (a, b) = (hidden(&full), hidden(&backbone));
+    assert_eq!(common::max_abs_diff(&a, &b), 0.0);
+    let e = backbone.model.lm_head(&b).unwrap_err().to_string();
+    assert!(e.contains("no LM head"), "{e}");
+    backbone.save_hf_dir(&d.path().join("b"), None).unwrap();
+    let again = LoadedModel::load_backbone(&d.path().join("b").display().to_string(), &Device::Cpu).unwrap();
+    assert_eq!(common::max_abs_diff(&hidden(&again), &a), 0.0);
+    assert!(LoadedModel::load(&d.path().join("b").display().to_string(), &Device::Cpu).is_err(), "not a whole LM");
+}

@@ -65,6 +65,9 @@ pub struct SourceFiles {
     pub generation_config_json: Option<Value>,
 }
 
+/// The untied LM head's weight.
+const LM_HEAD: &str = "lm_head.weight";
+
 /// A model ready to sample and train: its weights (`VarMap`), the module built on them, and its
 /// tokenizer.
 pub struct LoadedModel {
@@ -77,14 +80,29 @@ pub struct LoadedModel {
 
 impl LoadedModel {
     pub fn load(source: &str, device: &Device) -> Result<Self> {
+        Self::load_parts(source, device, true)
+    }
+
+    /// A model's backbone, for the roles that read hidden states (a reward model, a critic):
+    /// no LM head is built, and an untied model's `lm_head.weight` is dropped once read.
+    pub fn load_backbone(source: &str, device: &Device) -> Result<Self> {
+        Self::load_parts(source, device, false)
+    }
+
+    fn load_parts(source: &str, device: &Device, with_lm_head: bool) -> Result<Self> {
         let parsed = ModelSource::parse(source)?;
         let (varmap, config, tokenizer, files) = match &parsed {
             ModelSource::Gguf(p) => load_gguf(p, device)?,
             ModelSource::HfDir(p) => load_hf_dir(p, device)?,
             ModelSource::Hub(id) => load_hf_dir(&fetch_from_hub(id)?, device)?,
         };
-        let model = Self::build(&varmap, &config, DType::F32, device)
-            .with_context(|| format!("building the model from `{source}`"))?;
+        let model = if with_lm_head {
+            Self::build(&varmap, &config, DType::F32, device)
+        } else {
+            varmap.data().lock().expect("VarMap lock").remove(LM_HEAD);
+            CausalLm::load_backbone(VarBuilder::from_varmap(&varmap, DType::F32, device), &config)
+        }
+        .with_context(|| format!("building the model from `{source}`"))?;
         Ok(Self { model, varmap, tokenizer, source: source.to_string(), files })
     }
 
@@ -128,13 +146,14 @@ impl LoadedModel {
         }
         std::fs::create_dir_all(tmp)?;
         let config = &self.model.config;
-        // Exactly the weights the language model reads: no other head in the VarMap, and no
-        // lm_head.weight of its own for a tied model.
+        // Exactly the weights the language model reads: no other head in the VarMap, no
+        // lm_head.weight of its own for a tied model, and none for a backbone.
         let map: HashMap<String, Tensor> = {
             let data = self.varmap.data().lock().expect("VarMap lock");
             config
                 .weight_shapes()
                 .into_iter()
+                .filter(|(name, _)| self.model.has_lm_head() || name != LM_HEAD)
                 .map(|(name, _)| {
                     let var = data.get(&name).with_context(|| format!("the model has no weight `{name}`"))?;
                     Ok((name, var.as_tensor().clone()))

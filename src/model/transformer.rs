@@ -320,23 +320,34 @@ pub struct CausalLm {
     embed_tokens: Tensor,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
-    lm_head: Linear,
+    /// None for a backbone (a reward model's, a critic's): its heads read the hidden states.
+    lm_head: Option<Linear>,
     rotary: RotaryEmbedding,
 }
 
 impl CausalLm {
     /// Build from Hugging Face tensor names (`model.layers.N.self_attn.q_proj.weight`, ...).
     pub fn load(vb: VarBuilder, cfg: &ModelConfig) -> Result<Self> {
+        Self::load_parts(vb, cfg, true)
+    }
+
+    /// The backbone only (embeddings, layers, final norm): no LM head, and for an untied model
+    /// no `lm_head.weight` read.
+    pub fn load_backbone(vb: VarBuilder, cfg: &ModelConfig) -> Result<Self> {
+        Self::load_parts(vb, cfg, false)
+    }
+
+    fn load_parts(vb: VarBuilder, cfg: &ModelConfig, with_lm_head: bool) -> Result<Self> {
         let m = vb.pp("model");
         let embed_tokens = required(&m.pp("embed_tokens"), (cfg.vocab_size, cfg.hidden_size), "weight")?;
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| DecoderLayer::load(&m.pp(format!("layers.{i}")), cfg))
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::load(&m, cfg.hidden_size, "norm", cfg.rms_norm_eps)?;
-        let lm_head = if cfg.tie_word_embeddings {
-            Linear::from_weight(embed_tokens.clone())
-        } else {
-            Linear::load(&vb, cfg.hidden_size, cfg.vocab_size, "lm_head", false)?
+        let lm_head = match (with_lm_head, cfg.tie_word_embeddings) {
+            (false, _) => None,
+            (true, true) => Some(Linear::from_weight(embed_tokens.clone())),
+            (true, false) => Some(Linear::load(&vb, cfg.hidden_size, cfg.vocab_size, "lm_head", false)?),
         };
         let rotary = RotaryEmbedding::new(cfg, vb.dtype(), vb.device())?;
         Ok(Self { config: cfg.clone(), embed_tokens, layers, norm, lm_head, rotary })
@@ -401,7 +412,15 @@ impl CausalLm {
 
     /// LM head on hidden states of any leading shape.
     pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
-        self.lm_head.forward(hidden)
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => bail!("this model was loaded as a backbone (a reward model's or a critic's): it has no LM head"),
+        }
+    }
+
+    /// Whether the model has its LM head (a backbone has not).
+    pub fn has_lm_head(&self) -> bool {
+        self.lm_head.is_some()
     }
 
     /// All-position logits (b, s, vocab).

@@ -155,7 +155,7 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
 
     let (source, device) = cfg.reward_model_source()?;
     let device = parse_device(&device, "reward_model_device")?;
-    let backbone = LoadedModel::load(&source, &device)
+    let backbone = LoadedModel::load_backbone(&source, &device)
         .with_context(|| format!("loading the reward model's backbone `{source}`"))?;
     let max_length = cfg.reward_max_length.map(|m| m as usize);
     let context = backbone.model.config.context_length();

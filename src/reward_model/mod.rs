@@ -180,7 +180,7 @@ impl JointRewardModel {
         if info.format != FORMAT || info.version != 1 || info.joint_text != JointTextFormat::reference() {
             bail!("{}: a reward model format this pbrl does not read", info_path.display());
         }
-        let backbone = LoadedModel::load(&dir.join(BACKBONE_DIR).display().to_string(), device)
+        let backbone = LoadedModel::load_backbone(&dir.join(BACKBONE_DIR).display().to_string(), device)
             .with_context(|| format!("loading the reward model's backbone from {}", dir.display()))?;
         let hidden = backbone.model.config.hidden_size;
         let file = dir.join(HEAD_FILE);

@@ -319,7 +319,8 @@ fn build_critics(cfg: &Config, team: &[Agent]) -> Result<Critics> {
     };
     let load = |i: usize, source: &str, hidden_dim: Option<usize>, rng: &mut ChaCha8Rng| -> Result<Critic> {
         let device = parse_device(&devices[i], &format!("critic_devices[{i}]"))?;
-        let model = LoadedModel::load(source, &device).with_context(|| format!("loading critic {i} `{source}`"))?;
+        let model =
+            LoadedModel::load_backbone(source, &device).with_context(|| format!("loading critic {i} `{source}`"))?;
         let hidden = model.model.config.hidden_size;
         let head = ValueHead::init(&model.varmap, VALUE_HEAD, hidden, hidden_dim, rng, &device)?;
         Ok(Critic { model, head })
