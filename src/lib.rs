@@ -1,8 +1,10 @@
 //! pbrl: multi-agent preference-based RL for teams of LLM agents, on candle.
 //!
-//! Data flows one way: command line → [`config`] → a stage in [`stages`] → the task, the team
-//! of agents ([`team`]), the training session ([`train`]) and the [`model`] runtime → candle;
-//! every artefact lives in the run directory ([`run`]).
+//! Data flows one way: command line → [`config`] → a stage in [`stages`] (a recipe) → the
+//! library: rounds of preference pairs ([`rounds`], from [`sources`], scored by the [`oracle`]),
+//! training ([`train`], [`reward_model`]), evaluation ([`evaluation`]) → the team of agents
+//! ([`team`]) and the [`model`] runtime → candle; every artefact lives in the run directory
+//! ([`run`]).
 pub mod algo;
 pub mod cli;
 pub mod config;
