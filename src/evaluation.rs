@@ -55,7 +55,7 @@ pub struct Evaluation {
 
 impl Evaluation {
     pub fn reward_mean(&self) -> f64 {
-        self.rewards.iter().sum::<f64>() / self.rewards.len().max(1) as f64
+        crate::algo::trend::mean(&self.rewards)
     }
 
     /// Each item's mean reward over its samples, in item order (what paired comparisons

@@ -258,8 +258,3 @@ impl Round {
         chart("comparator", raw_cmp, range)
     }
 }
-
-/// The mean of some values (0 when there are none).
-pub fn mean(values: &[f64]) -> f64 {
-    values.iter().sum::<f64>() / values.len().max(1) as f64
-}

@@ -37,6 +37,11 @@ impl std::fmt::Display for MeanSe {
     }
 }
 
+/// The mean of some values (0 when there are none).
+pub fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
+}
+
 /// Each item's mean reward: `rewards` item-major, `k` samples per item.
 pub fn item_means(rewards: &[f64], k: usize) -> Vec<f64> {
     rewards.chunks(k.max(1)).map(|c| c.iter().sum::<f64>() / c.len() as f64).collect()

@@ -13,11 +13,12 @@
 use anyhow::{bail, Result};
 use serde_json::json;
 
+use crate::algo::trend::mean;
 use crate::config::Config;
 use crate::oracle::Oracle;
 use crate::prefs::{existing_rounds, round_path, RoundFile};
 use crate::progress;
-use crate::rounds::{build_round, mean, RoundSpec, Scorer};
+use crate::rounds::{build_round, RoundSpec, Scorer};
 use crate::run::RunDir;
 use crate::sources::{Agents, TeamSource};
 use crate::task::split::train_items;

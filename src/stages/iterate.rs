@@ -39,6 +39,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::algo::trend::mean;
 use crate::algo::trend::RoundTrend;
 use crate::config::{ComparatorPolicy, Config};
 use crate::device::parse_device;
@@ -48,7 +49,7 @@ use crate::prefs::{existing_rounds, round_path, PreferencePair, RoundFile};
 use crate::progress;
 use crate::reward_model::fit::{fit, FitOptions};
 use crate::reward_model::JointRewardModel;
-use crate::rounds::{build_round, mean, RoundSpec, Scorer};
+use crate::rounds::{build_round, RoundSpec, Scorer};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::team::{copy_team, saved_team};
 use crate::run::{atomic_write, RunDir};
@@ -400,16 +401,14 @@ fn round_stats_from_file(path: &Path) -> Result<RoundStats> {
         .iter()
         .filter(|p| p.target_raw_reward.zip(p.raw_rewards.as_ref()).is_some_and(|(t, w)| w[0] == t))
         .count();
-    let mean = |f: &dyn Fn(&PreferencePair) -> Option<f64>| {
-        let v: Vec<f64> = r.pairs.iter().filter_map(f).collect();
-        v.iter().sum::<f64>() / v.len().max(1) as f64
-    };
+    let side_mean =
+        |f: &dyn Fn(&PreferencePair) -> Option<f64>| mean(&r.pairs.iter().filter_map(f).collect::<Vec<f64>>());
     Ok(RoundStats {
         pairs: r.num_pairs,
         current_wins,
         comparator_wins: r.num_pairs - current_wins,
-        current_mean: mean(&|p| p.target_raw_reward),
-        comparator_mean: mean(&|p| p.comparator_raw_reward),
+        current_mean: side_mean(&|p| p.target_raw_reward),
+        comparator_mean: side_mean(&|p| p.comparator_raw_reward),
         comparator_unparsed: 0,
         comparator_truncated: 0,
     })

@@ -127,9 +127,7 @@ pub(super) fn abs_mean(xs: &[f64]) -> f64 {
     xs.iter().map(|x| x.abs()).sum::<f64>() / xs.len().max(1) as f64
 }
 
-pub(super) fn mean(xs: &[f64]) -> f64 {
-    xs.iter().sum::<f64>() / xs.len().max(1) as f64
-}
+pub(super) use crate::algo::trend::mean;
 
 /// The reward model's score of every joint response, `[item][sample]`, without gradients.
 pub(super) fn joint_scores(rm: &JointRewardModel, out: &Rollout) -> Result<Vec<Vec<f64>>> {
