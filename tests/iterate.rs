@@ -3,6 +3,7 @@
 //! giving the same round files and agents as an uninterrupted run, and the refusals.
 mod common;
 
+use common::api_server::{Fault, FaultServer};
 use common::{ok, pbrl};
 
 use std::path::Path;
@@ -155,66 +156,15 @@ fn history_and_model_comparators() {
 /// never reaches the run directory.
 #[test]
 fn an_api_comparator_and_its_key() {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/v1/chat/completions", listener.local_addr().unwrap());
-    let auth = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let seen = auth.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let mut stream = stream.unwrap();
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let (mut line, mut len) = (String::new(), 0usize);
-            reader.read_line(&mut line).unwrap();
-            loop {
-                line.clear();
-                reader.read_line(&mut line).unwrap();
-                let l = line.trim_end().to_lowercase();
-                if l.is_empty() {
-                    break;
-                }
-                if let Some(v) = l.strip_prefix("content-length:") {
-                    len = v.trim().parse().unwrap();
-                }
-                if l.starts_with("authorization:") {
-                    seen.lock().unwrap().push(line.trim_end().to_string());
-                }
-            }
-            let mut body = vec![0; len];
-            reader.read_exact(&mut body).unwrap();
-            let req: serde_json::Value = serde_json::from_slice(&body).unwrap();
-            // The first answer far longer than max_new_tokens (5); model "short": one answer too few.
-            let n = req["n"].as_u64().unwrap_or(1) as usize - usize::from(req["model"] == "short");
-            let words = |k: usize| if k == 0 { 40 } else { k + 1 };
-            let choices: Vec<serde_json::Value> =
-                (0..n).map(|k| serde_json::json!({"message": {"content": "w5 ".repeat(words(k))}})).collect();
-            let text = serde_json::json!({"choices": choices}).to_string();
-            let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                text.len()
-            );
-            stream.write_all(head.as_bytes()).unwrap();
-            stream.write_all(text.as_bytes()).unwrap();
-        }
-    });
+    let server = FaultServer::start();
+    // Every first answer far longer than max_new_tokens (5).
+    server.standing(Fault::Overlong(40));
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    setup(
-        d,
-        &format!(
-            "num_iterations = 1\ncomparator_policy = \"api\"\ncomparator_api_url = \"{url}\"\ncomparator_api_format = \
-             \"openai\"\ncomparator_api_model = \"local\"\ncomparator_api_key_env = \"PBRL_TEST_KEY\""
-        ),
-    );
-    let o = std::process::Command::new(common::pbrl_bin())
-        .args(["iterate", "--config", "c.toml"])
-        .current_dir(d)
-        .env("PBRL_THREADS", "1")
-        .env("PBRL_TEST_KEY", "sk-iterate-secret")
-        .output()
-        .unwrap();
+    setup(d, &api_comparator(&server.url));
+    let o = with_key(&["iterate", "--config", "c.toml"], d);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(auth.lock().unwrap().iter().all(|h| h.ends_with("Bearer sk-iterate-secret")));
+    assert!(!server.auth().is_empty() && server.auth().iter().all(|h| h.ends_with("Bearer sk-iterate-secret")));
     let round = RoundFile::load(&d.join("run/preference_replay/iteration_0001.json")).unwrap();
     assert!(round.pairs.iter().any(|p| p
         .winner_completions
@@ -234,35 +184,84 @@ fn an_api_comparator_and_its_key() {
     assert!(summary["comparator_truncated"].as_u64().unwrap() >= 1, "{summary}");
     // A bad API format is found before the run directory records anything: the corrected
     // command then runs there.
-    let run_in = |extra: &[&str]| {
-        let mut args = vec!["iterate", "--config", "c.toml", "--run-dir", "fixed"];
-        args.extend_from_slice(extra);
-        std::process::Command::new(common::pbrl_bin())
-            .args(&args)
-            .current_dir(d)
-            .env("PBRL_THREADS", "1")
-            .env("PBRL_TEST_KEY", "sk-iterate-secret")
-            .output()
-            .unwrap()
-    };
-    let o = run_in(&["comparator_api_format=bogus"]);
+    let o = with_key(&["iterate", "--config", "c.toml", "--run-dir", "fixed", "comparator_api_format=bogus"], d);
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && e.contains("bogus"), "{e}");
     assert!(!d.join("fixed/iterate").exists() && !d.join("fixed/eval").exists());
-    assert!(run_in(&[]).status.success(), "the corrected command runs in the same directory");
+    assert!(with_key(&["iterate", "--config", "c.toml", "--run-dir", "fixed"], d).status.success());
     // Fewer answers than asked: an error, never empty responses in the round.
-    let o = std::process::Command::new(common::pbrl_bin())
-        .args(["iterate", "--config", "c.toml", "--run-dir", "short", "comparator_api_model=short"])
-        .current_dir(d)
-        .env("PBRL_THREADS", "1")
-        .env("PBRL_TEST_KEY", "sk-iterate-secret")
-        .output()
-        .unwrap();
+    server.standing(Fault::FewerChoices);
+    let o = with_key(&["iterate", "--config", "c.toml", "--run-dir", "short"], d);
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && e.contains("returned 3 completions for agent 0, 4 were asked"), "{e}");
     // Without the variable: a clear error naming it.
     let o = pbrl(&["iterate", "--config", "c.toml", "--run-dir", "nokey"], d);
     assert!(String::from_utf8_lossy(&o.stderr).contains("PBRL_TEST_KEY"), "{o:?}");
+}
+
+/// The API comparator's settings for `setup`, with a short timeout and two tries per request.
+fn api_comparator(url: &str) -> String {
+    format!(
+        "num_iterations = 1\ncomparator_policy = \"api\"\ncomparator_api_url = \"{url}\"\ncomparator_api_format = \
+         \"openai\"\ncomparator_api_model = \"local\"\ncomparator_api_key_env = \"PBRL_TEST_KEY\"\n\
+         comparator_api_timeout = 1.0\ncomparator_api_max_attempts = 2"
+    )
+}
+
+/// `pbrl ARGS` in `d` on one thread, with the API key in the environment.
+fn with_key(args: &[&str], d: &Path) -> std::process::Output {
+    std::process::Command::new(common::pbrl_bin())
+        .args(args)
+        .current_dir(d)
+        .env("PBRL_THREADS", "1")
+        .env("PBRL_TEST_KEY", "sk-iterate-secret")
+        .output()
+        .unwrap()
+}
+
+/// A server that fails each request once (a 429 with a zero Retry-After, a 500, a
+/// stall past the timeout, truncated JSON, a body that is not UTF-8) costs a retry and changes
+/// nothing: the round equals one against a server that never failed. A server that keeps
+/// failing ends `iterate` with a one-line error naming the API (no panic), and once it is fixed
+/// `--resume` finishes that same round.
+#[test]
+fn a_faulty_api_server_fails_cleanly_and_the_run_resumes_once_it_is_fixed() {
+    let server = FaultServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, &api_comparator(&server.url));
+    let clean = with_key(&["iterate", "--config", "c.toml", "--run-dir", "clean"], d);
+    assert!(clean.status.success(), "{}", String::from_utf8_lossy(&clean.stderr));
+    let per_run = server.served();
+    let transient = [
+        Fault::RetryAfter("0"),
+        Fault::Status(500),
+        Fault::Stall(std::time::Duration::from_millis(1500)),
+        Fault::Truncated,
+        Fault::NonUtf8,
+    ];
+    // Each request fails once, then succeeds on its retry.
+    server.queue(&transient.iter().cycle().take(per_run).flat_map(|f| [f.clone(), Fault::None]).collect::<Vec<_>>());
+    let o = with_key(&["iterate", "--config", "c.toml", "--run-dir", "flaky"], d);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_same_run(d, "clean", "flaky", 1);
+    assert_eq!(server.served(), 3 * per_run, "one failure and one retry per request");
+    // Down for good: a clean failure, then a resume once fixed.
+    for (k, fault) in [Fault::Status(503), Fault::NonUtf8, Fault::Truncated, Fault::Status(401), Fault::FewerChoices]
+        .into_iter()
+        .enumerate()
+    {
+        let run = format!("down{k}");
+        server.standing(fault.clone());
+        let o = with_key(&["iterate", "--config", "c.toml", "--run-dir", &run], d);
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{fault:?}: {e}");
+        assert!(!e.contains("panicked") && e.contains("omparator API"), "{fault:?}: {e}");
+        server.standing(Fault::None);
+        let o = with_key(&["iterate", "--config", "c.toml", "--run-dir", &run, "--resume"], d);
+        assert!(o.status.success(), "{fault:?}, resumed: {}", String::from_utf8_lossy(&o.stderr));
+        assert_same_run(d, "clean", &run, 1);
+    }
 }
 
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {

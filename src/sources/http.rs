@@ -289,7 +289,7 @@ impl ApiClient {
             |message: String, transient: bool| Failure { message: redact(&message), transient, retry_after: None };
         match req.send_json(body) {
             Ok(resp) => {
-                let text = resp.into_string().map_err(|e| fail(format!("reading the answer: {e}"), true))?;
+                let text = read_body(resp).map_err(|e| fail(format!("reading the answer: {e}"), true))?;
                 serde_json::from_str(&text)
                     .map_err(|e| fail(format!("the answer is not JSON ({e}): {}", head(&text)), true))
             }
@@ -314,6 +314,21 @@ impl ApiClient {
             }
         }
     }
+}
+
+/// The largest answer read (as `ureq`'s own `into_string`): a bigger one is an error.
+const MAX_ANSWER_BYTES: u64 = 10 * 1024 * 1024;
+
+/// An answer's body as text: strict UTF-8 (JSON's encoding), never decoded lossily, since a
+/// replacement character would become part of a completion.
+fn read_body(resp: ureq::Response) -> std::result::Result<String, String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    resp.into_reader().take(MAX_ANSWER_BYTES + 1).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_ANSWER_BYTES {
+        return Err(format!("the answer is over {} MiB", MAX_ANSWER_BYTES >> 20));
+    }
+    String::from_utf8(bytes).map_err(|e| format!("the answer is not UTF-8 (byte {})", e.utf8_error().valid_up_to()))
 }
 
 /// The first 500 characters of a text.

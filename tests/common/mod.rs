@@ -1,5 +1,7 @@
 //! Shared test helpers.
 #![allow(dead_code)]
+pub mod api_server;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Once;
