@@ -47,6 +47,29 @@ def length_ratio(c1, c2):
     return 1.0 if 2 <= r <= 3 else math.exp(-(2 - r) if r < 2 else -(r - 3))
 
 
+def quickstart_team():
+    """The quickstart's team as CoMLRL takes it: the tokenizer, two f32 SmolLM2 agents (the GGUF
+    dequantized) and formatter(i), agent i's chat-templated prompt exactly as pbrl gives it."""
+    qs = tomllib.loads((ROOT / "configs" / "quickstart.toml").read_text())
+    templates, systems = qs["task"]["formatters"], qs["task"]["system_prompts"]
+    tok = AutoTokenizer.from_pretrained(GGUF_DIR, gguf_file=GGUF)
+    # CoMLRL cuts prompts at the first pad id; SmolLM2's pad is <|im_end|>, so use <|endoftext|>.
+    tok.pad_token = "<|endoftext|>"
+    agents = []
+    for _ in range(2):
+        m = AutoModelForCausalLM.from_pretrained(GGUF_DIR, gguf_file=GGUF, dtype=torch.float32)
+        m.generation_config.pad_token_id = tok.pad_token_id
+        agents.append(m)
+
+    def formatter(i):
+        def f(item):
+            msgs = [{"role": "system", "content": systems[i]}, {"role": "user", "content": templates[i].format(**item)}]
+            return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return f
+
+    return tok, agents, formatter
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -62,23 +85,8 @@ def main():
     from comlrl.trainers.preference import MADPOConfig, MADPOTrainer, MARLHFConfig, MARLHFTrainer
     from datasets import Dataset
 
-    qs = tomllib.loads((ROOT / "configs" / "quickstart.toml").read_text())
-    templates, systems = qs["task"]["formatters"], qs["task"]["system_prompts"]
-    tok = AutoTokenizer.from_pretrained(GGUF_DIR, gguf_file=GGUF)
-    # CoMLRL cuts prompts at the first pad id; SmolLM2's pad is <|im_end|>, so use <|endoftext|>.
-    tok.pad_token = "<|endoftext|>"
-    agents = []
-    for _ in range(2):
-        m = AutoModelForCausalLM.from_pretrained(GGUF_DIR, gguf_file=GGUF, dtype=torch.float32)
-        m.generation_config.pad_token_id = tok.pad_token_id
-        agents.append(m)
+    tok, agents, formatter = quickstart_team()
     items = [json.loads(l) for l in (ROOT / "data/length_ratio/train.jsonl").read_text().splitlines()[: a.items]]
-
-    def formatter(i):
-        def f(item):
-            msgs = [{"role": "system", "content": systems[i]}, {"role": "user", "content": templates[i].format(**item)}]
-            return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        return f
 
     common = dict(num_train_epochs=1, num_agents=2, max_new_tokens=32, temperature=0.6, top_p=0.6, top_k=50,
                   preference_num_candidates=4, preference_pairs_per_sample=2, eval_interval=0,

@@ -1,6 +1,35 @@
-//! Devices per role, from config strings `cpu` or `cuda:N`.
+//! Devices per role, from config strings `cpu` or `cuda:N`, and the memory check made before
+//! any large allocation.
 use anyhow::{bail, Result};
 use candle_core::Device;
+
+/// `MemAvailable` of /proc/meminfo, in bytes (None where it cannot be read).
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The sum of the `k` largest of `values`: the most tokens a batch of `k` rows drawn from rows of
+/// these lengths can hold.
+pub fn sum_of_largest(mut values: Vec<usize>, k: usize) -> usize {
+    values.sort_unstable_by(|a, b| b.cmp(a));
+    values.iter().take(k).sum()
+}
+
+/// Refuse, before allocating, work that needs `need` bytes on `device` when that is more than
+/// the memory available: `what(need_mib, free_mib)` says what needs it and which keys to lower.
+/// A lower bound of the need is passed, so a refusal is never wrong; on a GPU the driver's own
+/// out-of-memory error stands (candle reports it as an error, not an abort).
+pub fn ensure_fits(device: &Device, need: u128, what: impl FnOnce(u128, u64) -> String) -> Result<()> {
+    if let (true, Some(free)) = (device.is_cpu(), available_memory()) {
+        if need > free as u128 {
+            bail!("{}", what(need >> 20, free >> 20));
+        }
+    }
+    Ok(())
+}
 
 /// Parse a device string for `role` (named in errors, e.g. "agent_devices[1]").
 pub fn parse_device(spec: &str, role: &str) -> Result<Device> {
@@ -73,5 +102,31 @@ fn keep_freed_memory() {
     unsafe {
         libc::mallopt(libc::M_MMAP_MAX, 0);
         libc::mallopt(libc::M_TRIM_THRESHOLD, -1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A batch bound counts the longest rows a batch can hold; the memory a model's update needs
+    /// grows with them (8 bytes per logit: the f32 value and its gradient).
+    #[test]
+    fn a_batch_is_bounded_by_its_longest_rows() {
+        let lengths = vec![10, 300, 20, 250, 40, 30];
+        assert_eq!(super::sum_of_largest(lengths.clone(), 2), 550);
+        assert_eq!(super::sum_of_largest(lengths.clone(), 4), 300 + 250 + 40 + 30);
+        assert_eq!(super::sum_of_largest(lengths, usize::MAX), 650, "more rows than there are: all rows");
+        let cfg = crate::model::tiny::tiny_config(crate::model::Architecture::Llama, 1000, true);
+        assert_eq!(cfg.logit_and_grad_bytes(550), 550 * 1000 * 8);
+        let per_layer = 2 * cfg.hidden_size + 3 * cfg.intermediate_size;
+        assert_eq!(cfg.train_activation_bytes(10), (10 * cfg.num_hidden_layers * per_layer * 4) as u128);
+    }
+
+    #[test]
+    fn work_beyond_the_memory_available_is_refused_naming_it() {
+        let e = super::ensure_fits(&candle_core::Device::Cpu, u128::MAX, |need, free| format!("{need} > {free}"));
+        if super::available_memory().is_some() {
+            assert!(e.unwrap_err().to_string().contains(" > "));
+        }
+        assert!(super::ensure_fits(&candle_core::Device::Cpu, 0, |_, _| unreachable!()).is_ok());
     }
 }

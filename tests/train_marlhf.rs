@@ -9,7 +9,9 @@ use common::{ok, pbrl};
 use std::path::Path;
 
 use candle_core::DType;
-use pbrl::model::{tiny::tiny_model, Architecture};
+use candle_core::Device;
+use pbrl::model::tiny::{random_varmap, tiny_config, tiny_model, word_tokenizer};
+use pbrl::model::{Architecture, LoadedModel};
 
 /// A tiny team, 6 items, a round of pairs, a reward model fitted on it.
 fn setup(d: &Path, extra: &str) {
@@ -124,6 +126,28 @@ fn train_marlhf_refuses_what_it_cannot_do() {
     let o = pbrl(&["train-marlhf", "--config", "c.toml", "--run-dir", "empty"], d);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("run `pbrl fit-rm` first"));
+    // An update whose logits could not fit in memory is refused before the first rollout: agents
+    // with a vocabulary of 2^16 (their word tokenizer knows the first 51 ids), 64 items x 64
+    // generations per update of 40 tokens, 2^16 x 8 bytes per token: 86 GB.
+    let cfg = tiny_config(Architecture::Llama, 1 << 16, true);
+    let varmap = random_varmap(&cfg, 3, DType::F32, &Device::Cpu).unwrap();
+    let model = LoadedModel::build(&varmap, &cfg, DType::F32, &Device::Cpu).unwrap();
+    let tokenizer = word_tokenizer(51).unwrap();
+    let wide = LoadedModel { model, varmap, tokenizer, source: "wide".into(), files: Default::default() };
+    wide.save_hf_dir(&d.join("wide"), None).unwrap();
+    copy_inputs(d, "big");
+    let wide = format!("agent_model={}", d.join("wide").display());
+    let big = ["num_generations=64", "rollout_buffer_size=64", "train_batch_size=64", "max_new_tokens=40", &wide];
+    let o = pbrl(&[&["train-marlhf", "--config", "c.toml", "--run-dir", "big"][..], &big].concat(), d);
+    let e = String::from_utf8_lossy(&o.stderr);
+    if pbrl::device::available_memory().is_some_and(|free| free < 80 << 30) {
+        assert!(
+            !o.status.success() && e.contains("train_batch_size × num_generations: an update scores up to 4096"),
+            "{e}"
+        );
+        let metrics = std::fs::read_to_string(d.join("big/metrics.jsonl")).unwrap_or_default();
+        assert!(!d.join("big/agents").exists() && !metrics.contains("turn_1/reward_mean"), "no rollout ran");
+    }
 }
 
 /// A reward model that `fit-rm` measured ranking fresh samples near chance: train-marlhf warns

@@ -208,6 +208,19 @@ impl ModelConfig {
         self.architecture == Architecture::Qwen3
     }
 
+    /// Bytes of the f32 logits of `tokens` scored tokens and of their gradient.
+    pub fn logit_and_grad_bytes(&self, tokens: usize) -> u128 {
+        tokens as u128 * self.vocab_size as u128 * 8
+    }
+
+    /// A lower bound of the f32 activations a training forward pass over `tokens` tokens keeps
+    /// for its backward pass: per layer and token at least the block's input and its normed
+    /// copy (2 × hidden) and the MLP's gate, up and gated product (3 × intermediate).
+    pub fn train_activation_bytes(&self, tokens: usize) -> u128 {
+        let per_token_layer = 2 * self.hidden_size as u128 + 3 * self.intermediate_size as u128;
+        tokens as u128 * self.num_hidden_layers as u128 * per_token_layer * 4
+    }
+
     /// The longest sequence (prompt + completion) pbrl computes exactly as transformers does.
     pub fn context_length(&self) -> usize {
         self.sliding_window.map_or(self.max_position_embeddings, |w| w.min(self.max_position_embeddings))

@@ -24,7 +24,7 @@
 //!    a model can order those while it ranks one prompt's typical samples at chance), written
 //!    with the model as `fit_report.json` for `train-marlhf` to warn on.
 use anyhow::{bail, Context, Result};
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 use serde_json::json;
 
 use std::collections::HashSet;
@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{JointRewardModel, JointRow};
 use crate::algo::bradley_terry::{bradley_terry_loss, pair_stats, within_prompt_order, PairStats};
-use crate::device::parse_device;
+use crate::device::{ensure_fits, parse_device, sum_of_largest};
 use crate::model::batch::distinct_rows;
 use crate::model::{LoadedModel, Mode};
 use crate::oracle::Oracle;
@@ -122,6 +122,22 @@ struct EncodedPair {
 /// Joint texts scored per forward pass when no gradient is needed.
 const SCORE_BATCH: usize = 8;
 
+/// Refuse, before training, a batch of `batch_size` pairs whose pass through the whole backbone
+/// would not fit in memory: the largest batch runs at least the longer text of each of its
+/// pairs (a pair is packed on its common prefix), and keeps their activations for the backward.
+fn check_batch_fits(rm: &JointRewardModel, train: &[EncodedPair], batch_size: usize, device: &Device) -> Result<()> {
+    let lengths: Vec<usize> = train.iter().map(|p| p.winner.ids.len().max(p.loser.ids.len())).collect();
+    let tokens = sum_of_largest(lengths, batch_size);
+    let need = rm.backbone.model.config.train_activation_bytes(tokens);
+    ensure_fits(device, need, |need, free| {
+        format!(
+            "reward_train_batch_size: a batch of {batch_size} pairs runs the whole backbone (reward_freeze_backbone = \
+             false) over at least {tokens} tokens, whose activations alone need at least {need} MiB, more than the \
+             {free} MiB of memory available; lower reward_train_batch_size or freeze the backbone"
+        )
+    })
+}
+
 /// Fit a fresh reward model to the replay selection and save it in `reward_model/`; `None` when
 /// the selected rounds hold no pairs (nothing is fitted).
 pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> Result<Option<FitReport>> {
@@ -178,6 +194,9 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     };
     let train = train.into_iter().map(encode).collect::<Result<Vec<_>>>()?;
     let held = held.into_iter().map(encode).collect::<Result<Vec<_>>>()?;
+    if !cfg.reward_freeze_backbone {
+        check_batch_fits(&rm, &train, cfg.reward_train_batch_size as usize, &device)?;
+    }
 
     let dir = run_dir.replay().to_path_buf();
     let files: Vec<(u32, std::path::PathBuf)> = rounds.iter().map(|&r| (r, round_path(&dir, r))).collect();

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
 use crate::config::{Config, DeviceSpec};
-use crate::device::parse_device;
+use crate::device::{ensure_fits, parse_device};
 use crate::model::LoadedModel;
 use crate::run::team::saved_team;
 use crate::run::RunDir;
@@ -104,29 +104,15 @@ pub fn check_fits(
             longest = longest.max(n);
         }
         let need = crate::model::sampling::sampling_bytes(config, rows.0, longest + max_new_tokens);
-        if let (true, Some(free)) = (agent.device.is_cpu(), available_memory()) {
-            if need > free as u128 {
-                bail!(
-                    "{split}: sampling {} rows at once ({}) with max_new_tokens = {max_new_tokens} needs about {} MiB \
-                     for actor {}'s KV cache, more than the {} MiB of memory available; lower them",
-                    rows.0,
-                    rows.1,
-                    need >> 20,
-                    agent.index,
-                    free >> 20
-                );
-            }
-        }
+        ensure_fits(&agent.device, need, |need, free| {
+            format!(
+                "{split}: sampling {} rows at once ({}) with max_new_tokens = {max_new_tokens} needs about {need} MiB \
+                 for actor {}'s KV cache, more than the {free} MiB of memory available; lower them",
+                rows.0, rows.1, agent.index,
+            )
+        })?;
     }
     Ok(())
-}
-
-/// `MemAvailable` of /proc/meminfo, in bytes (None where it cannot be read).
-pub fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 /// Which weights a team is made of.

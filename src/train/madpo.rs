@@ -86,30 +86,19 @@ fn check_pairs_fit(
                 lengths.push(scored_tokens(&row, last));
             }
         }
-        let (tokens, need) = update_logit_bytes(lengths, pairs_per_update, agent.model.model.config.vocab_size);
-        if let (true, Some(free)) = (agent.device.is_cpu(), crate::team::available_memory()) {
-            if need > free as u128 {
-                bail!(
-                    "train_batch_size: an update of {pairs_per_update} pairs scores up to {tokens} tokens of actor {}, \
-                     whose logits and their gradient alone need {} MiB, more than the {} MiB of memory available; lower \
-                     train_batch_size",
-                    agent.index,
-                    need >> 20,
-                    free >> 20
-                );
-            }
-        }
+        // The largest update: the longest 2 rows per pair.
+        let tokens = crate::device::sum_of_largest(lengths, pairs_per_update.saturating_mul(2));
+        let need = agent.model.model.config.logit_and_grad_bytes(tokens);
+        crate::device::ensure_fits(&agent.device, need, |need, free| {
+            format!(
+                "train_batch_size: an update of {pairs_per_update} pairs scores up to {tokens} tokens of actor {}, \
+                 whose logits and their gradient alone need {need} MiB, more than the {free} MiB of memory available; \
+                 lower train_batch_size",
+                agent.index
+            )
+        })?;
     }
     Ok(())
-}
-
-/// The scored tokens of the largest possible update (`pairs_per_update` pairs: the longest 2 rows
-/// per pair of an actor's scored-token counts `lengths`) and the bytes of their f32 logits and
-/// the logits' gradient.
-fn update_logit_bytes(mut lengths: Vec<usize>, pairs_per_update: usize, vocab: usize) -> (usize, u128) {
-    lengths.sort_unstable_by(|a, b| b.cmp(a));
-    let tokens: usize = lengths.iter().take(pairs_per_update.saturating_mul(2)).sum();
-    (tokens, tokens as u128 * vocab as u128 * 8)
 }
 
 /// Train the team on the replay selection and save it in `agents/`; `None` when the selected
@@ -319,16 +308,4 @@ fn reference_log_probs(
     run_dir.log_metrics(&json!({"stage": "train-madpo", "event": "reference", "reference/seconds": seconds,
         "reference/num_pairs": pairs.len()}))?;
     Ok(file.log_probs)
-}
-
-#[cfg(test)]
-mod tests {
-    /// The bound counts the longest rows an update can hold, 8 bytes per logit.
-    #[test]
-    fn an_update_s_logits_are_bounded_by_its_longest_rows() {
-        let lengths = vec![10, 300, 20, 250, 40, 30];
-        assert_eq!(super::update_logit_bytes(lengths.clone(), 1, 1000), (550, 550 * 1000 * 8));
-        assert_eq!(super::update_logit_bytes(lengths.clone(), 2, 49152).0, 300 + 250 + 40 + 30);
-        assert_eq!(super::update_logit_bytes(lengths, usize::MAX, 2).0, 650, "more pairs than there are: all rows");
-    }
 }

@@ -30,7 +30,7 @@ use crate::config::{Config, MarlhfBackend};
 use crate::run::RunDir;
 use crate::train::session::TrainingSummary;
 use policy_gradient::train_policy_gradient;
-use setup::Setup;
+use setup::{BatchShape, Setup};
 
 pub struct TrainOptions {
     pub resume: bool,
@@ -71,13 +71,31 @@ pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<Trai
     let started = std::time::Instant::now();
     let (summary, n) = match backend {
         MarlhfBackend::PolicyGradient(mode) => {
-            let setup =
-                Setup::load(cfg, run_dir, cfg.rollout_buffer_size as usize, "rollout_buffer_size × num_generations")?;
+            let buffer = cfg.rollout_buffer_size as usize;
+            let setup = Setup::load(
+                cfg,
+                run_dir,
+                BatchShape {
+                    items_per_buffer: buffer,
+                    buffer_keys: "rollout_buffer_size × num_generations",
+                    rows_per_update: cfg
+                        .pairs_per_update()
+                        .min(buffer)
+                        .max(1)
+                        .saturating_mul(cfg.num_generations as usize),
+                    update_keys: "train_batch_size × num_generations",
+                },
+            )?;
             (train_policy_gradient(cfg, run_dir, &setup, mode, opts)?, setup.items.len())
         }
         MarlhfBackend::Iac { .. } | MarlhfBackend::Maac => {
-            let per_buffer = actor_critic::items_per_buffer(cfg);
-            let setup = Setup::load(cfg, run_dir, per_buffer, "rollout_buffer_size (rounded up to whole items)")?;
+            let shape = BatchShape {
+                items_per_buffer: actor_critic::items_per_buffer(cfg),
+                buffer_keys: "rollout_buffer_size (rounded up to whole items)",
+                rows_per_update: cfg.pairs_per_update().max(1),
+                update_keys: "train_batch_size",
+            };
+            let setup = Setup::load(cfg, run_dir, shape)?;
             (actor_critic::train(cfg, run_dir, &setup, opts)?, setup.items.len())
         }
     };

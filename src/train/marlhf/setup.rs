@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use crate::algo::reference_kl::k3_sequence_kl;
 use crate::config::Config;
-use crate::device::parse_device;
+use crate::device::{ensure_fits, parse_device};
 use crate::model::scoring::{token_log_probs, LastToken, ScoreRow};
 use crate::model::{LoadedModel, Mode};
 use crate::reward_model::fit::{FitReportFile, FRESH_RANK_WARN};
@@ -33,6 +33,16 @@ pub(crate) struct Setup {
     pub reference: Option<Vec<Agent>>,
 }
 
+/// What a backend samples and scores at once, with the keys that set each (named in errors).
+pub(super) struct BatchShape {
+    /// Items sampled together (`num_generations` completions each).
+    pub items_per_buffer: usize,
+    pub buffer_keys: &'static str,
+    /// Completions of one agent scored, with their gradient, in one update.
+    pub rows_per_update: usize,
+    pub update_keys: &'static str,
+}
+
 /// Warn (not refuse) when `fit-rm` measured that the reward model orders fresh samples of one
 /// prompt little better than chance: group advantages then follow noise.
 fn warn_on_fresh_rank(run_dir: &RunDir) {
@@ -50,8 +60,9 @@ fn warn_on_fresh_rank(run_dir: &RunDir) {
 }
 
 impl Setup {
-    /// Load everything; `items_per_buffer` items are sampled at once (`num_generations` each).
-    pub(super) fn load(cfg: &Config, run_dir: &RunDir, items_per_buffer: usize, buffer_keys: &str) -> Result<Self> {
+    /// Load everything, and refuse before any work a batch `shape` whose sampling or update
+    /// would not fit in memory.
+    pub(super) fn load(cfg: &Config, run_dir: &RunDir, shape: BatchShape) -> Result<Self> {
         let rm_dir = run_dir.reward_model();
         if !JointRewardModel::exists(&rm_dir) {
             bail!("{} holds no reward model; run `pbrl fit-rm` first", rm_dir.display());
@@ -67,8 +78,19 @@ impl Setup {
             bail!("no train items to learn from");
         }
         let team = load_team(cfg, run_dir)?;
-        let rows = items_per_buffer * cfg.num_generations as usize;
-        check_fits(&team, &items, &cfg.max_new_tokens(), (rows, buffer_keys), "train")?;
+        let rows = shape.items_per_buffer.saturating_mul(cfg.num_generations as usize);
+        check_fits(&team, &items, &cfg.max_new_tokens(), (rows, shape.buffer_keys), "train")?;
+        for agent in &team {
+            // Only completion tokens are scored, each at most max_new_tokens long.
+            let tokens = shape.rows_per_update.saturating_mul(cfg.max_new_tokens()[agent.index]);
+            ensure_fits(&agent.device, agent.model.model.config.logit_and_grad_bytes(tokens), |need, free| {
+                format!(
+                    "{}: an update scores up to {} completions of actor {} ({tokens} tokens), whose logits and their \
+                     gradient alone may need {need} MiB, more than the {free} MiB of memory available; lower them",
+                    shape.update_keys, shape.rows_per_update, agent.index
+                )
+            })?;
+        }
         let reference = if cfg.reference_kl_enabled { Some(reference_team(cfg, &team)?) } else { None };
         let rm_digest = JointRewardModel::digest(&rm_dir)?;
         Ok(Self { rm, rm_digest, indices, items, team, reference })

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""CoMLRL 1.4.3's MADPOTrainer on the quickstart task, its agents saved as a team that
+`pbrl eval --team` evaluates under pbrl's own protocol (scripts/study/like_for_like.sh).
+
+The task as pbrl poses it (configs/quickstart.toml): the same SmolLM2 agents (the GGUF dequantized
+to f32), prompts, chat template, sampling (temperature, top_p, top_k), per-agent token limits
+(CoMLRL takes one `max_new_tokens`; each agent's generation call is given its own, as pbrl does)
+and the length-ratio reward; the same collection budget (8 candidates, 2 pairs per item) and
+training budget (1 epoch, 2 pairs per update, lr 5e-6). CoMLRL's own algorithm otherwise:
+reference-free MADPO at its default beta 0.1, a constant learning rate, no held-out keep-best,
+all 54 train items (pbrl holds 8 of them out for keep-best).
+
+Usage: python scripts/study/comlrl_quickstart.py --out DIR [--seed S] [--threads T] [--items N]
+Writes DIR/agents/{agent_0,agent_1,team.json} and DIR/comlrl.json (times, pairs, peak RSS)."""
+import argparse
+import copy
+import json
+import os
+import random
+import resource
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch  # noqa: E402
+from bench_comlrl import ROOT, length_ratio, quickstart_team  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+
+def save_plain(model, tok, agent_dir):
+    """A GGUF-loaded model does not serialize: its weights go into a plain model of its config."""
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(agent_dir)
+    tok.save_pretrained(agent_dir)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("THREADS", "1")))
+    ap.add_argument("--items", type=int, default=None, help="the first N train items (default: all)")
+    ap.add_argument("--untrained", action="store_true", help="save the base agents (a check of the protocol)")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    random.seed(a.seed)
+    torch.manual_seed(a.seed)
+    from comlrl.trainers.preference import MADPOConfig, MADPOTrainer
+    from datasets import Dataset
+
+    qs = tomllib.loads((ROOT / "configs" / "quickstart.toml").read_text())
+    assert qs["reward"]["kind"] == "length_ratio" and (qs["reward"]["target_min"], qs["reward"]["target_max"]) == (2.0, 3.0)
+    limits = qs["max_new_tokens"]
+    tok, agents, formatter = quickstart_team()
+    lines = (ROOT / qs["task"]["train_file"]).read_text().splitlines()
+    items = [json.loads(l) for l in lines[: a.items]]
+    args = MADPOConfig(
+        num_train_epochs=qs["num_train_epochs"], num_agents=2, max_new_tokens=max(limits),
+        temperature=qs["temperature"], top_p=qs["top_p"], top_k=qs["top_k"],
+        preference_num_candidates=qs["preference_num_candidates"],
+        preference_pairs_per_sample=qs["preference_pairs_per_sample"], eval_interval=0,
+        agent_devices=["cpu", "cpu"], train_batch_size=qs["train_batch_size"],
+        agent_learning_rate=qs["agent_learning_rate"])
+    trainer = MADPOTrainer(agents=agents, num_agents=2, tokenizer=tok, train_dataset=Dataset.from_list(items),
+                           reward_func=lambda c1, c2: [length_ratio(c1[0], c2[0])],
+                           formatters=[formatter(0), formatter(1)], args=args)
+    generate = trainer._generate_completions_with_external_prompts
+
+    def per_agent_limit(agent, batch, agent_idx=0, **kw):
+        kw["max_new_tokens"] = limits[agent_idx]
+        return generate(agent, batch, agent_idx=agent_idx, **kw)
+
+    trainer._generate_completions_with_external_prompts = per_agent_limit
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"seed": a.seed, "threads": a.threads, "items": len(items), "dpo_beta": args.dpo_beta}
+    if not a.untrained:
+        t = time.perf_counter()
+        pairs = trainer._build_preference_dataset()
+        report["collect_s"] = time.perf_counter() - t
+        report["num_pairs"] = len(pairs)
+        print(f"CoMLRL collection: {len(pairs)} pairs in {report['collect_s']:.0f} s", flush=True)
+        t = time.perf_counter()
+        trainer._train_preference_pairs(pairs)
+        report["train_s"] = time.perf_counter() - t
+        print(f"CoMLRL MADPO training: {report['train_s']:.0f} s", flush=True)
+    for i, agent in enumerate(trainer.agents):
+        save_plain(agent, tok, out / "agents" / f"agent_{i}")
+    (out / "agents" / "team.json").write_text(json.dumps({"num_actors": 2, "agents": ["agent_0", "agent_1"]}))
+    report["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    (out / "comlrl.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Summarize scripts/study/like_for_like.sh: per side and seed, the eval reward of the base team
+and of the trained team, the paired gain (per-prompt mean after minus before) with its standard
+error over prompts, and the training time (collection + training, evaluations excluded); per
+side, the mean gain over seeds with its standard error over seeds.
+Usage: python3 scripts/study/like_for_like.py STUDY_DIR"""
+import glob
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from study_summary import per_prompt  # noqa: E402
+
+
+def mean_se(xs):
+    m = sum(xs) / len(xs)
+    se = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) if len(xs) > 1 else float("nan")
+    return m, se
+
+
+def main(study):
+    times = defaultdict(float)
+    for line in open(study / "times"):
+        run, step, secs = line.split()
+        if step != "eval":
+            times[run] += float(secs)
+    gains = defaultdict(list)
+    for after in sorted(study.glob("*-s*/after.json")):
+        side, seed = after.parent.name.rsplit("-s", 1)
+        base_reports = sorted(glob.glob(str(study / f"base-s{seed}" / "eval" / "*.json")))
+        if not base_reports:
+            continue
+        before, _ = per_prompt(base_reports[0])
+        now, chars = per_prompt(after)
+        diffs = [now[k] - before[k] for k in before]
+        g, se = mean_se(diffs)
+        gains[side].append(g)
+        b = sum(before.values()) / len(before)
+        print(f"{side:7} seed {seed}: {b:.3f} -> {b + g:.3f}, gain {g:+.3f} +/- {se:.3f} "
+              f"({len(diffs)} prompts), train {times[after.parent.name]:.0f} s, answers {[round(c) for c in chars]} chars")
+    for side, gs in gains.items():
+        m, se = mean_se(gs)
+        print(f"{side:7} mean gain over {len(gs)} seeds: {m:+.3f} +/- {se:.3f}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

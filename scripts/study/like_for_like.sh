@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# pbrl against CoMLRL 1.4.3 on the quickstart task, one protocol for both (docs/benchmarks.md,
+# "Like for like"): for each seed, pbrl's main job (collect + train-madpo, configs/quickstart.toml)
+# and CoMLRL's MADPOTrainer (scripts/study/comlrl_quickstart.py) each train a team from the base
+# agents, timed; then `pbrl eval` scores the base team and both trained teams on the 48 eval
+# prompts x 4 samples with the same seed, and scripts/study/like_for_like.py prints the paired
+# gains (per prompt, after minus before) with their standard errors and the times.
+#   DIR=study dir (default runs/like-for-like)  SEEDS="1 2 3"  THREADS=1  SIDES="pbrl comlrl"
+#   VENV=.venv-bench (torch, transformers, gguf, datasets, comlrl 1.4.3; scripts/bench.sh makes it)
+# A step whose output exists is skipped, so a cut study resumes where it stopped.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DIR=${DIR:-runs/like-for-like}; SEEDS=${SEEDS:-1 2 3}; T=${THREADS:-1}; SIDES=${SIDES:-pbrl comlrl}
+VENV=${VENV:-.venv-bench}
+source scripts/study/study-common.sh
+mkdir -p "$DIR/logs"
+for s in $SEEDS; do
+  cfg=(--config configs/quickstart.toml --threads "$T" seed="$s")
+  base=$DIR/base-s$s
+  if ! ls "$base"/eval/*.json > /dev/null 2>&1; then
+    t=$(timed "$DIR/logs/base-s$s.log" "$PBRL" eval "${cfg[@]}" --run-dir "$base" --team base)
+    echo "base-s$s eval $t" >> "$DIR/times"
+  fi
+  for side in $SIDES; do
+    run=$DIR/$side-s$s
+    if [ ! -f "$run/agents/team.json" ]; then
+      rm -rf "$run"
+      if [ "$side" = pbrl ]; then
+        t=$(timed "$DIR/logs/$side-s$s.collect.log" "$PBRL" collect "${cfg[@]}" --run-dir "$run")
+        echo "$side-s$s collect $t" >> "$DIR/times"
+        t=$(timed "$DIR/logs/$side-s$s.train.log" "$PBRL" train-madpo "${cfg[@]}" --run-dir "$run")
+        echo "$side-s$s train $t" >> "$DIR/times"
+      else
+        t=$(timed "$DIR/logs/$side-s$s.log" "$VENV/bin/python" scripts/study/comlrl_quickstart.py --out "$run" --seed "$s" --threads "$T")
+        echo "$side-s$s collect+train $t" >> "$DIR/times"
+      fi
+    fi
+    if [ ! -f "$run/after.json" ]; then
+      mkdir -p "$run/after"
+      t=$(timed "$DIR/logs/$side-s$s.eval.log" "$PBRL" eval "${cfg[@]}" --run-dir "$run/after" --team "$run/agents")
+      echo "$side-s$s eval $t" >> "$DIR/times"
+      cp "$(ls "$run"/after/eval/*.json | tail -1)" "$run/after.json"
+    fi
+  done
+done
+python3 scripts/study/like_for_like.py "$DIR"
