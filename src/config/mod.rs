@@ -133,7 +133,7 @@ pub struct Config {
     pub reward_eval_fraction: f64,
     /// Fresh joint responses the current team samples per held-out item after `fit-rm`, to
     /// measure how well the reward model orders samples of one prompt (`rm/fresh_rank_acc`,
-    /// what MAGRPO's advantages read); 0: not measured.
+    /// what MAGRPO's advantages read); 2 to 64, or 0: not measured.
     pub reward_fresh_samples: i64,
 
     // --- reference MADPOConfig fields -------------------------------------------------------

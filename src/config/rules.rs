@@ -12,6 +12,9 @@ const MAX_HEAD_WIDTH: i64 = 65_536;
 /// Rounds of `iterate` (each a collection and a training): far more than a run can do, few
 /// enough that no count wraps.
 const MAX_ITERATIONS: i64 = 100_000;
+/// Epochs of any training: far more than a run can do; a typo (4294967297) must be refused, not
+/// run for ever.
+const MAX_EPOCHS: i64 = 100_000;
 /// Tries of one comparator API request.
 const MAX_API_ATTEMPTS: i64 = 100;
 
@@ -86,6 +89,9 @@ impl Config {
         }
         if self.num_train_epochs < 1 {
             return err("num_train_epochs must be >= 1.");
+        }
+        if self.num_train_epochs > MAX_EPOCHS {
+            return err(format!("num_train_epochs must be <= {MAX_EPOCHS}."));
         }
         if self.num_agents < 1 {
             return err("num_agents must be >= 1.");
@@ -258,6 +264,9 @@ impl Config {
         if self.reward_num_train_epochs < 1 {
             return err("reward_num_train_epochs must be >= 1.");
         }
+        if self.reward_num_train_epochs > MAX_EPOCHS {
+            return err(format!("reward_num_train_epochs must be <= {MAX_EPOCHS}."));
+        }
         if self.reward_train_batch_size < 1 {
             return err("reward_train_batch_size must be >= 1.");
         }
@@ -273,8 +282,8 @@ impl Config {
             }
             _ => {}
         }
-        if !(0..=64).contains(&self.reward_fresh_samples) {
-            return err("reward_fresh_samples must be in [0, 64] (0: not measured).");
+        if !(self.reward_fresh_samples == 0 || (2..=64).contains(&self.reward_fresh_samples)) {
+            return err("reward_fresh_samples must be 0 (not measured) or in [2, 64]: an order needs two samples.");
         }
         if !(0.0..1.0).contains(&self.reward_eval_fraction) {
             return err("reward_eval_fraction must be in [0, 1) (0 holds no pairs out).");
@@ -328,6 +337,27 @@ impl Config {
         }
         if !(1..=MAX_API_ATTEMPTS).contains(&self.comparator_api_max_attempts) {
             return err(format!("comparator_api_max_attempts must be in [1, {MAX_API_ATTEMPTS}]."));
+        }
+        // An HTTP header is a token name and a value of visible characters and spaces: a line
+        // break in either would be refused by the client at the first request, after the base
+        // evaluation, or worse, split the request.
+        let token =
+            |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b));
+        let value = |s: &str| s.bytes().all(|b| b == b' ' || b == b'\t' || (b >= 0x21 && b != 0x7f));
+        for (k, v) in self.comparator_api_headers.iter().flatten() {
+            if !token(k) || !value(v) {
+                return err(format!(
+                    "comparator_api_headers: `{}` is not a valid HTTP header (a name of visible characters without \
+                     separators, a value without line breaks or control characters)",
+                    k.escape_debug()
+                ));
+            }
+        }
+        if !(token(&self.comparator_api_key_header)) {
+            return err("comparator_api_key_header must be an HTTP header name (visible characters, no separators).");
+        }
+        if !value(&self.comparator_api_key_prefix) {
+            return err("comparator_api_key_prefix must not hold line breaks or control characters.");
         }
         self.preference_scoring_reward = match self.preference_scoring_reward.trim().to_lowercase().as_str() {
             "task" | "oracle" | "environment" | "env" => "task",
