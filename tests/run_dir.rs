@@ -202,6 +202,53 @@ fn no_file_outside_the_run_directory_changes_through_a_link() {
     unchanged();
 }
 
+/// Round files, the team and the checkpoints through links: a round name planted as a link is
+/// never written through (rounds are created only where nothing is), a linked `agents/` is replaced as a link
+/// (its target untouched), and a linked `checkpoints/` (state on another disk, on purpose)
+/// receives new checkpoints but loses none of the files already there.
+#[test]
+fn rounds_agents_and_checkpoints_through_links_leave_outside_files_alone() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_train_epochs = 1");
+    let outside = d.join("outside");
+    for sub in ["team", "ckpt"] {
+        std::fs::create_dir_all(outside.join(sub)).unwrap();
+        std::fs::write(outside.join(sub).join("keep.txt"), "precious").unwrap();
+    }
+    let victim = outside.join("victim.txt");
+    std::fs::write(&victim, "precious").unwrap();
+    let kept = |p: &Path| assert_eq!(std::fs::read_to_string(p).unwrap(), "precious", "{}", p.display());
+
+    // The round a collect would write next, planted as a link: the name counts as taken, the
+    // new round goes to the next one, the link's target is never written.
+    let round = d.join("run/preference_replay/iteration_0002.json");
+    symlink(&victim, &round).unwrap();
+    let o = pbrl(&["collect", "--config", "c.toml"], d);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let next = d.join("run/preference_replay/iteration_0003.json");
+    assert!(next.is_file() && !next.is_symlink(), "the new round goes past the planted name");
+    kept(&victim);
+    std::fs::remove_file(&round).unwrap();
+    let _ = std::fs::remove_file(d.join("run/preference_replay/iteration_0003.json"));
+
+    // agents/ and checkpoints/ as links to outside directories.
+    symlink(outside.join("team"), d.join("run/agents")).unwrap();
+    symlink(outside.join("ckpt"), d.join("run/checkpoints")).unwrap();
+    let o = pbrl(&["train-madpo", "--config", "c.toml"], d);
+    let e = String::from_utf8_lossy(&o.stderr);
+    kept(&outside.join("team/keep.txt"));
+    assert!(!outside.join("team/team.json").exists(), "no team written into the link's target");
+    kept(&outside.join("ckpt/keep.txt"));
+    kept(&victim);
+    if o.status.success() {
+        assert!(d.join("run/agents/team.json").is_file() && !d.join("run/agents").is_symlink(), "{e}");
+    } else {
+        assert!(e.contains("agents"), "{e}");
+    }
+}
+
 /// Saved agents keep the user's umask (027 here: no access for others).
 #[test]
 fn saved_agents_keep_the_users_umask() {
