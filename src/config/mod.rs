@@ -25,7 +25,8 @@ mod values;
 mod views;
 
 pub use modes::{
-    AdvantageMode, ComparatorPolicy, LrSchedule, MarlhfBackend, Modes, PairSelection, ReplayMode, RewardHeadKind,
+    AdvantageMode, ApiFormat, ComparatorPolicy, LrSchedule, MarlhfBackend, Modes, PairSelection, ReplayMode,
+    RewardHeadKind,
 };
 pub use overrides::{closest, Override};
 pub use tables::{RewardConfig, TaskConfig};

@@ -149,6 +149,7 @@ pub struct Modes {
     /// The comparator actor that writes every role (`comparator_generation_mode =
     /// "centralized"` with a decentralized team).
     pub comparator_writer: Option<usize>,
+    pub api_format: ApiFormat,
 }
 
 impl Default for Modes {
@@ -162,7 +163,32 @@ impl Default for Modes {
             score_with_reward_model: false,
             comparator: ComparatorPolicy::Current,
             comparator_writer: None,
+            api_format: ApiFormat::Generic,
         }
+    }
+}
+
+/// The request format of an `api` comparator (`comparator_api_format`, reference names and
+/// aliases).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiFormat {
+    Generic,
+    OpenAiChat,
+    Anthropic,
+    OpenAiResponses,
+}
+
+impl ApiFormat {
+    /// Unlike the reference (which falls back to generic), an unknown name is none: another
+    /// format would send another request.
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name.trim().to_lowercase().as_str() {
+            "generic" => Self::Generic,
+            "openai" | "openai_chat" | "chat" => Self::OpenAiChat,
+            "anthropic" | "anthropic_messages" | "messages" => Self::Anthropic,
+            "openai_responses" | "responses" | "codex" => Self::OpenAiResponses,
+            _ => return None,
+        })
     }
 }
 
@@ -193,6 +219,13 @@ impl Modes {
             "api" => ComparatorPolicy::Api,
             other => return Err(bad("comparator_policy", other)),
         };
+        let api_format = ApiFormat::parse(&cfg.comparator_api_format).ok_or_else(|| {
+            super::ConfigError(format!(
+                "comparator_api_format = \"{}\": must be one of generic, openai (openai_chat, chat), anthropic \
+                 (anthropic_messages, messages), openai_responses (responses, codex)",
+                cfg.comparator_api_format.trim().to_lowercase()
+            ))
+        })?;
         let centralized = cfg.collaboration_mode == "centralized";
         let writer = cfg.comparator_generation_mode == "centralized" && !centralized;
         Ok(Modes {
@@ -204,6 +237,7 @@ impl Modes {
             score_with_reward_model: cfg.preference_scoring_reward == "reward_model",
             comparator,
             comparator_writer: writer.then_some(cfg.comparator_centralized_agent_index as usize),
+            api_format,
         })
     }
 }

@@ -5,7 +5,7 @@
 //! tokenizer), so the round compares like with like and stays small.
 use anyhow::{bail, Context, Result};
 
-use super::http::{ApiClient, ApiFormat, ApiKey, ApiSettings, RequestSampling, RetryPolicy};
+use super::http::{ApiClient, ApiKey, ApiSettings, RequestSampling, RetryPolicy};
 use super::{render_roles, JointResponses, ResponseSource};
 use crate::config::Config;
 use crate::task::TaskItem;
@@ -109,7 +109,7 @@ pub fn settings(cfg: &Config) -> Result<ApiSettings> {
     };
     Ok(ApiSettings {
         url: cfg.comparator_api_url.clone().context("comparator_policy = \"api\" needs comparator_api_url")?,
-        format: ApiFormat::parse(&cfg.comparator_api_format)?,
+        format: cfg.modes.api_format,
         model: cfg.comparator_api_model.clone(),
         max_n_per_request: cfg.comparator_api_max_n_per_request.map(|n| n as usize),
         // Validated: positive, at most a week.

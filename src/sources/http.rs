@@ -20,31 +20,7 @@ use anyhow::{bail, Result};
 use rand::Rng;
 use serde_json::{json, Map, Value};
 
-/// The request format (reference names and aliases).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ApiFormat {
-    Generic,
-    OpenAiChat,
-    Anthropic,
-    OpenAiResponses,
-}
-
-impl ApiFormat {
-    /// The reference's names and aliases. Unlike the reference (which falls back to generic), an
-    /// unknown name is an error: another format would send another request.
-    pub fn parse(name: &str) -> Result<Self> {
-        Ok(match name.trim().to_lowercase().as_str() {
-            "generic" => Self::Generic,
-            "openai" | "openai_chat" | "chat" => Self::OpenAiChat,
-            "anthropic" | "anthropic_messages" | "messages" => Self::Anthropic,
-            "openai_responses" | "responses" | "codex" => Self::OpenAiResponses,
-            other => bail!(
-                "comparator_api_format = \"{other}\": must be one of generic, openai (openai_chat, chat), anthropic \
-                 (anthropic_messages, messages), openai_responses (responses, codex)"
-            ),
-        })
-    }
-}
+pub use crate::config::ApiFormat;
 
 /// An API key: shown as `<redacted>` by `Debug`, removed from any text that would show it.
 #[derive(Clone)]
@@ -414,7 +390,7 @@ mod tests {
     fn formats_and_answers_by_hand() {
         assert_eq!(ApiFormat::parse(" Chat ").unwrap(), ApiFormat::OpenAiChat);
         assert_eq!(ApiFormat::parse("codex").unwrap(), ApiFormat::OpenAiResponses);
-        assert!(ApiFormat::parse("grpc").is_err(), "no silent fallback to generic");
+        assert!(ApiFormat::parse("grpc").is_none(), "no silent fallback to generic");
         let a = json!({"out": {"texts": ["x", {"text": "y"}, {"message": {"content": "z"}}, 3]}});
         assert_eq!(generic_completions(&a, Some("out.texts")).unwrap(), vec!["x", "y", "z", "3"]);
         assert_eq!(generic_completions(&json!({"responses": "one"}), None).unwrap(), vec!["one"]);
