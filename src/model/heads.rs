@@ -238,7 +238,7 @@ pub fn last_token_hidden(model: &LoadedModel, rows: &[Vec<u32>], mode: Mode) -> 
     let device = model.model.device().clone();
     let batch = PaddedBatch::new(rows, model.tokenizer.pad_id, Padding::Right, &device)?;
     let seq = batch.ids.dim(1)?;
-    let hidden = model.model.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, mode)?;
+    let hidden = model.model.backbone.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, mode)?;
     last_token_rows(&hidden, seq, &batch.lengths)
 }
 
@@ -249,7 +249,7 @@ pub fn pair_last_token_hidden(model: &LoadedModel, pairs: &[(&[u32], &[u32])], m
     let device = model.model.device().clone();
     let batch = PairBatch::new(pairs, model.tokenizer.pad_id, &device)?;
     let seq = batch.ids.dim(1)?;
-    let hidden = model.model.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, mode)?;
+    let hidden = model.model.backbone.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, mode)?;
     let winners: Vec<usize> = batch.last.iter().map(|l| l.0).collect();
     let losers: Vec<usize> = batch.last.iter().map(|l| l.1).collect();
     Ok((rows_at(&hidden, seq, &winners)?, rows_at(&hidden, seq, &losers)?))

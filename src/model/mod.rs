@@ -23,4 +23,4 @@ pub use rope::{Rope, RopeScaling};
 pub use sampling::{SampleRequest, SamplingParams};
 pub use scoring::{LastToken, ScoreRow};
 pub use tokenizer::{ChatTokenizer, SpecialTokens};
-pub use transformer::{CausalLm, Mode};
+pub use transformer::{Backbone, CausalLm, Mode};

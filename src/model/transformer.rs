@@ -313,44 +313,29 @@ fn detach_rows_of(x: &Tensor, ids: &Tensor, pad: u32) -> Result<Tensor> {
     Ok((x.broadcast_mul(&keep)? + x.detach().broadcast_mul(&dropped)?)?)
 }
 
-/// The causal language model: embeddings, decoder layers, final norm, LM head.
+/// The transformer backbone: embeddings, decoder layers, final norm. It maps token ids to final
+/// hidden states; what reads them is a head (the LM head of a `CausalLm`, a reward model's or a
+/// critic's value head).
 #[derive(Debug, Clone)]
-pub struct CausalLm {
+pub struct Backbone {
     pub config: ModelConfig,
     embed_tokens: Tensor,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
-    /// None for a backbone (a reward model's, a critic's): its heads read the hidden states.
-    lm_head: Option<Linear>,
     rotary: RotaryEmbedding,
 }
 
-impl CausalLm {
+impl Backbone {
     /// Build from Hugging Face tensor names (`model.layers.N.self_attn.q_proj.weight`, ...).
-    pub fn load(vb: VarBuilder, cfg: &ModelConfig) -> Result<Self> {
-        Self::load_parts(vb, cfg, true)
-    }
-
-    /// The backbone only (embeddings, layers, final norm): no LM head, and for an untied model
-    /// no `lm_head.weight` read.
-    pub fn load_backbone(vb: VarBuilder, cfg: &ModelConfig) -> Result<Self> {
-        Self::load_parts(vb, cfg, false)
-    }
-
-    fn load_parts(vb: VarBuilder, cfg: &ModelConfig, with_lm_head: bool) -> Result<Self> {
+    pub fn load(vb: &VarBuilder, cfg: &ModelConfig) -> Result<Self> {
         let m = vb.pp("model");
         let embed_tokens = required(&m.pp("embed_tokens"), (cfg.vocab_size, cfg.hidden_size), "weight")?;
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| DecoderLayer::load(&m.pp(format!("layers.{i}")), cfg))
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::load(&m, cfg.hidden_size, "norm", cfg.rms_norm_eps)?;
-        let lm_head = match (with_lm_head, cfg.tie_word_embeddings) {
-            (false, _) => None,
-            (true, true) => Some(Linear::from_weight(embed_tokens.clone())),
-            (true, false) => Some(Linear::load(&vb, cfg.hidden_size, cfg.vocab_size, "lm_head", false)?),
-        };
         let rotary = RotaryEmbedding::new(cfg, vb.dtype(), vb.device())?;
-        Ok(Self { config: cfg.clone(), embed_tokens, layers, norm, lm_head, rotary })
+        Ok(Self { config: cfg.clone(), embed_tokens, layers, norm, rotary })
     }
 
     pub fn device(&self) -> &Device {
@@ -409,6 +394,41 @@ impl CausalLm {
         }
         Ok(without_graph(self.norm.forward(&x, mode)?, mode))
     }
+}
+
+/// A model as pbrl loads it: a backbone and, for a causal LM, its LM head (tied to the
+/// embeddings or its own `lm_head.weight`). Loaded as a backbone (a reward model's, a critic's)
+/// it has no LM head in memory, and an untied model's `lm_head.weight` is never built. The
+/// backbone's methods are the model's (`Deref`).
+#[derive(Debug, Clone)]
+pub struct CausalLm {
+    pub backbone: Backbone,
+    lm_head: Option<Linear>,
+}
+
+impl std::ops::Deref for CausalLm {
+    type Target = Backbone;
+    fn deref(&self) -> &Backbone {
+        &self.backbone
+    }
+}
+
+impl CausalLm {
+    /// A causal LM: the backbone and its LM head.
+    pub fn load(vb: VarBuilder, cfg: &ModelConfig) -> Result<Self> {
+        let backbone = Backbone::load(&vb, cfg)?;
+        let lm_head = match cfg.tie_word_embeddings {
+            true => Linear::from_weight(backbone.embed_tokens.clone()),
+            false => Linear::load(&vb, cfg.hidden_size, cfg.vocab_size, "lm_head", false)?,
+        };
+        Ok(Self { backbone, lm_head: Some(lm_head) })
+    }
+
+    /// The backbone only (embeddings, layers, final norm): no LM head, and for an untied model
+    /// no `lm_head.weight` read.
+    pub fn load_backbone(vb: VarBuilder, cfg: &ModelConfig) -> Result<Self> {
+        Ok(Self { backbone: Backbone::load(&vb, cfg)?, lm_head: None })
+    }
 
     /// LM head on hidden states of any leading shape.
     pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
@@ -432,7 +452,7 @@ impl CausalLm {
         cache: Option<&mut KvCache>,
         mode: Mode,
     ) -> Result<Tensor> {
-        let h = self.forward_hidden(ids, positions, bias, cache, mode)?;
+        let h = self.backbone.forward_hidden(ids, positions, bias, cache, mode)?;
         Ok(without_graph(self.lm_head(&h)?, mode))
     }
 }

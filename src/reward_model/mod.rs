@@ -252,7 +252,8 @@ impl JointRewardModel {
         }
         let batch = PaddedBatch::new(&ids, self.backbone.tokenizer.pad_id, Padding::Right, &self.device)?;
         let seq = batch.ids.dim(1)?;
-        let hidden = self.backbone.model.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, mode)?;
+        let hidden =
+            self.backbone.model.backbone.forward_rows(&batch.ids, &batch.positions, &batch.bias, None, mode)?;
         pool_responses(&hidden, seq, rows, self.num_agents)
     }
 
