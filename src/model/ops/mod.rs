@@ -106,10 +106,14 @@ impl CustomOp2 for Linear {
         MatMul.cuda_fwd(x, lx, w, &lw.transpose(0, 1)?)
     }
 
+    // Only the gradients someone will read: a frozen weight (not a variable, no graph: a LoRA
+    // agent's base, a frozen backbone) gets no weight-sized product nor gradient buffer, which
+    // candle would otherwise allocate and then drop; likewise an input outside the graph.
     fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let dx = g.apply_op2_no_bwd(w, &MatMul)?; // (m, n)(n, k)
-        let dw = g.t()?.apply_op2_no_bwd(x, &MatMul)?; // (n, m)(m, k): already in W's layout
-        Ok((Some(dx), Some(dw)))
+        let dx = x.track_op().then(|| g.apply_op2_no_bwd(w, &MatMul)).transpose()?; // (m, n)(n, k)
+                                                                                    // (n, m)(m, k): already in W's layout
+        let dw = w.track_op().then(|| g.t()?.apply_op2_no_bwd(x, &MatMul)).transpose()?;
+        Ok((dx, dw))
     }
 }
 

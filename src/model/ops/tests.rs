@@ -62,6 +62,21 @@ fn f32_linear_matches_f64_matmul_in_value_and_gradients() {
     }
 }
 
+/// A frozen weight (a plain tensor, not a variable) gets no gradient, and the input's is the
+/// same as with a trainable weight.
+#[test]
+fn a_frozen_weight_gets_no_gradient() {
+    let (x, w, probe) = (random(&[6, 4], 30), random(&[5, 4], 31), random(&[6, 5], 32));
+    let xv = Var::from_tensor(&x).unwrap();
+    let wv = Var::from_tensor(&w).unwrap();
+    let grads =
+        |w: &Tensor| (&linear(xv.as_tensor(), w).unwrap() * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+    let (frozen, trained) = (grads(&w), grads(wv.as_tensor()));
+    assert!(frozen.get(&w).is_none(), "no gradient buffer for the frozen weight");
+    assert!(trained.get(wv.as_tensor()).is_some());
+    assert_eq!(max_diff(frozen.get(xv.as_tensor()).unwrap(), trained.get(xv.as_tensor()).unwrap()), 0.0);
+}
+
 #[test]
 fn fused_ops_match_their_composite_references() {
     let (b, s, n, d) = (2, 5, 3, 8);
