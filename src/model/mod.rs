@@ -7,6 +7,7 @@ pub mod gemm;
 pub mod heads;
 pub mod kv_cache;
 pub mod load;
+pub mod lora;
 pub mod ops;
 pub mod rope;
 pub mod sampling;

@@ -13,6 +13,7 @@ use candle_nn::VarBuilder;
 
 use super::config::ModelConfig;
 use super::kv_cache::{KvCache, LayerKv};
+use super::lora::LoraAdapter;
 use super::ops;
 
 /// Which kernels a forward pass may use.
@@ -52,6 +53,8 @@ impl PrefixName for VarBuilder<'_> {
 pub struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
+    /// A low-rank adapter whose product is added to the output (`lora.rs`).
+    lora: Option<LoraAdapter>,
 }
 
 impl Linear {
@@ -59,11 +62,22 @@ impl Linear {
         let vb = vb.pp(name);
         let weight = required(&vb, (out_dim, in_dim), "weight")?;
         let bias = if bias { Some(required(&vb, out_dim, "bias")?) } else { None };
-        Ok(Self { weight, bias })
+        Ok(Self { weight, bias, lora: None })
     }
 
     pub fn from_weight(weight: Tensor) -> Self {
-        Self { weight, bias: None }
+        Self { weight, bias: None, lora: None }
+    }
+
+    /// (in, out) features.
+    pub fn dims(&self) -> (usize, usize) {
+        let (out, inp) = self.weight.dims2().expect("a linear weight is 2-D");
+        (inp, out)
+    }
+
+    /// Add `adapter`'s product to this layer's output from now on.
+    pub fn set_lora(&mut self, adapter: LoraAdapter) {
+        self.lora = Some(adapter);
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -77,10 +91,14 @@ impl Linear {
             return Ok(y.reshape(out)?);
         }
         let y = ops::linear(x, &self.weight)?;
-        Ok(match &self.bias {
+        let y = match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
-        })
+        };
+        match &self.lora {
+            Some(adapter) => Ok((y + adapter.delta(x)?)?),
+            None => Ok(y),
+        }
     }
 }
 
@@ -344,6 +362,24 @@ impl Backbone {
 
     pub fn dtype(&self) -> DType {
         self.embed_tokens.dtype()
+    }
+
+    /// Every projection of the decoder layers with its Hugging Face name
+    /// (`model.layers.N.self_attn.q_proj`, ...), in layer order: where adapters attach.
+    pub fn projections_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let mut out = Vec::new();
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            let (a, m) = (&mut layer.self_attn, &mut layer.mlp);
+            for (name, proj) in [("self_attn.q_proj", &mut a.q_proj), ("self_attn.k_proj", &mut a.k_proj)]
+                .into_iter()
+                .chain([("self_attn.v_proj", &mut a.v_proj), ("self_attn.o_proj", &mut a.o_proj)])
+                .chain([("mlp.gate_proj", &mut m.gate_proj), ("mlp.up_proj", &mut m.up_proj)])
+                .chain([("mlp.down_proj", &mut m.down_proj)])
+            {
+                out.push((format!("model.layers.{i}.{name}"), proj));
+            }
+        }
+        out
     }
 
     pub fn new_cache(&self) -> KvCache {
