@@ -365,7 +365,7 @@ fn rollout_log_probs_equal_a_plain_forward() {
 fn the_pad_token_embedding_gets_no_gradient_from_its_positions() {
     let grad_of_rows = |pad: Option<u32>| -> (Tensor, Vec<f32>) {
         let mut m = tiny_model(Architecture::Llama, false, 4, DType::F64).unwrap();
-        m.model.config.pad_token_id = pad;
+        m.model.backbone.config.pad_token_id = pad;
         let b = PaddedBatch::new(&[vec![3, 5, 3, 7]], 0, Padding::Right, &Device::Cpu).unwrap();
         let h = m.model.forward_rows(&b.ids, &b.positions, &b.bias, None, Mode::Train).unwrap();
         let grads = h.sqr().unwrap().sum_all().unwrap().backward().unwrap();
