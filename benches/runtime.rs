@@ -3,6 +3,7 @@
 //! token ids and reports ratios.
 //!
 //!   cargo bench --bench runtime -- sample|train|gemm --model M.gguf --out result.json [--steps N] [--device cuda:0]
+//!     [--lora R]   (train: adapters of rank R on a frozen base instead of full fine-tuning)
 //!
 //! train: B = 4 × 128 tokens (2 pairs of chosen/rejected, ~48-token ChatML prompts), forward +
 //! completion log-probs + a DPO-style loss + backward + AdamW; the median of `steps` steps after
@@ -11,6 +12,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use candle_core::Var;
+use candle_nn::VarMap;
+use pbrl::model::lora::{attach, LoraSpec, ALL_LINEAR};
 use pbrl::model::sampling::{sample, SampleRequest, SamplingParams};
 use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
 use pbrl::model::{LoadedModel, Mode};
@@ -71,18 +74,33 @@ fn train_rows(m: &LoadedModel) -> Result<Vec<ScoreRow>> {
     Ok(rows)
 }
 
-fn bench_train(m: &LoadedModel, steps: usize) -> Result<serde_json::Value> {
+fn bench_train(m: &LoadedModel, lora: Option<usize>, steps: usize) -> Result<serde_json::Value> {
     let rows = train_rows(m)?;
     let dev = m.model.device().clone();
     eprintln!("loaded: peak RSS {:.0} MiB", peak_rss_mib());
-    let params: Vec<(String, Var)> =
-        m.varmap.data().lock().expect("lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let vars = |map: &VarMap| -> Vec<(String, Var)> {
+        map.data().lock().expect("lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    };
+    // Full fine-tuning trains every weight; with --lora R, adapters of rank R (alpha 2R) on every
+    // projection of a frozen base (its weights plain tensors, sharing the loaded storage).
+    let adapters = VarMap::new();
+    let (model, params) = match lora {
+        None => (m.model.clone(), vars(&m.varmap)),
+        Some(r) => {
+            let mut base = m.frozen()?;
+            let targets = ALL_LINEAR.map(String::from).to_vec();
+            let spec = LoraSpec { r, alpha: 2.0 * r as f64, target_modules: targets, use_rslora: false };
+            attach(&mut base.backbone, &spec, &adapters, 0)?;
+            (base, vars(&adapters))
+        }
+    };
+    let model = &model;
     let mut opt = AdamW::new(params, AdamWConfig::torch_defaults(1e-6))?;
     let beta = 0.1;
     let (mut fwd, mut bwd, mut adam, mut losses) = (vec![], vec![], vec![], vec![]);
     for step in 0..=steps {
         let t = Instant::now();
-        let lp = sequence_log_probs(&m.model, &rows, LastToken::Include, m.tokenizer.pad_id, Mode::Train)?;
+        let lp = sequence_log_probs(model, &rows, LastToken::Include, m.tokenizer.pad_id, Mode::Train)?;
         let lp = lp.reshape((2, 2))?; // (pair, [chosen, rejected])
         let margin = ((lp.narrow(1, 0, 1)? - lp.narrow(1, 1, 1)?)? * beta)?;
         // -log σ(z) = softplus(-z) = log(1 + e^{-z})
@@ -175,7 +193,10 @@ fn main() -> Result<()> {
     let device = pbrl::device::parse_device(&arg(&args, "--device").unwrap_or_else(|| "cpu".into()), "--device")?;
     let mut result = match mode.as_str() {
         "gemm" => bench_gemm()?,
-        "train" => bench_train(&LoadedModel::load(&model, &device)?, steps)?,
+        "train" => {
+            let lora = arg(&args, "--lora").map(|r| r.parse::<usize>()).transpose().context("--lora R")?;
+            bench_train(&LoadedModel::load(&model, &device)?, lora, steps)?
+        }
         _ => bench_sample(&LoadedModel::load(&model, &device)?)?,
     };
     result["threads"] = json!(threads);

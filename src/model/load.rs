@@ -106,6 +106,22 @@ impl LoadedModel {
         Ok(Self { model, varmap, tokenizer, source: source.to_string(), files })
     }
 
+    /// The same model with its weights as plain tensors (no variables, sharing their storage): a
+    /// frozen base. Its backward computes no weight gradients (`ops::linear`), so adapters on it
+    /// train without weight-sized buffers.
+    pub fn frozen(&self) -> Result<CausalLm> {
+        let tensors: HashMap<String, Tensor> = {
+            let data = self.varmap.data().lock().expect("VarMap lock");
+            data.iter().map(|(k, v)| (k.clone(), v.as_tensor().detach())).collect()
+        };
+        let device = self.model.device().clone();
+        let vb = VarBuilder::from_tensors(tensors, self.model.dtype(), &device);
+        match self.model.has_lm_head() {
+            true => CausalLm::load(vb, &self.model.config),
+            false => CausalLm::load_backbone(vb, &self.model.config),
+        }
+    }
+
     /// The module over a `VarMap`'s weights (f32 for real models; tests also build f64 ones).
     pub fn build(varmap: &VarMap, config: &ModelConfig, dtype: DType, device: &Device) -> Result<CausalLm> {
         let vb = VarBuilder::from_varmap(varmap, dtype, device);
