@@ -1,15 +1,15 @@
 //! LoRA adapters against PEFT (scripts/fixtures/golden_lora.py): on the small random Llama of
 //! tests/fixtures/tiny_llama_untied with PEFT's adapter values on q, v and down projections
 //! (r 4, alpha 8, plain and rsLoRA scaling), the logits and every adapter's gradient of
-//! sum(logits · probe) equal PEFT's within 1e-4 (PEFT's base gets none: the fixture script
-//! checks it); a fresh adapter (B zero) leaves the model's logits unchanged.
+//! sum(logits · probe) equal PEFT's within 1e-4; the frozen base (`LoadedModel::frozen`) gets no
+//! gradient, as PEFT's gets none; a fresh adapter (B zero) leaves the model's logits unchanged.
 mod common;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarMap;
 use pbrl::model::batch::{PaddedBatch, Padding};
 use pbrl::model::lora::{attach, load_values, LoraSpec};
-use pbrl::model::{LoadedModel, Mode};
+use pbrl::model::{CausalLm, LoadedModel, Mode};
 
 fn spec(use_rslora: bool) -> LoraSpec {
     LoraSpec {
@@ -20,16 +20,15 @@ fn spec(use_rslora: bool) -> LoraSpec {
     }
 }
 
-/// The base model (its weights variables, as a full fine-tune loads them: only the adapters'
-/// gradients are compared).
+/// The base model as loaded for a full fine-tune (its weights variables).
 fn base() -> LoadedModel {
     let dir = common::fixtures().join("tiny_llama_untied");
     LoadedModel::load(dir.to_str().unwrap(), &Device::Cpu).unwrap()
 }
 
-fn logits(m: &LoadedModel, ids: &[Vec<u32>], mode: Mode) -> Tensor {
+fn logits(m: &CausalLm, ids: &[Vec<u32>], mode: Mode) -> Tensor {
     let batch = PaddedBatch::new(ids, 0, Padding::Right, &Device::Cpu).unwrap();
-    m.model.forward(&batch.ids, &batch.positions, &batch.bias, None, mode).unwrap()
+    m.forward(&batch.ids, &batch.positions, &batch.bias, None, mode).unwrap()
 }
 
 #[test]
@@ -41,10 +40,11 @@ fn lora_logits_and_adapter_gradients_match_peft() {
     let ids: Vec<Vec<u32>> = golden["ids"].to_dtype(DType::U32).unwrap().to_vec2().unwrap();
     let probe = &golden["probe"];
     for (case, rslora) in [("plain", false), ("rslora", true)] {
-        let mut m = base();
-        let before = logits(&m, &ids, Mode::Infer);
+        let loaded = base();
+        let mut m = loaded.frozen().unwrap();
+        let before = logits(&loaded.model, &ids, Mode::Infer);
         let adapters = VarMap::new();
-        let n = attach(&mut m.model.backbone, &spec(rslora), &adapters, 1).unwrap();
+        let n = attach(&mut m.backbone, &spec(rslora), &adapters, 1).unwrap();
         assert_eq!(n, 2 * 3, "q, v, down in each of 2 layers");
         assert_eq!(
             common::max_abs_diff(&logits(&m, &ids, Mode::Infer), &before),
@@ -56,6 +56,9 @@ fn lora_logits_and_adapter_gradients_match_peft() {
         let diff = common::max_abs_diff(&got, &golden[&format!("logits_{case}")]);
         assert!(diff < 1e-4, "{case}: logits differ by {diff}");
         let grads = (&got * probe).unwrap().sum_all().unwrap().backward().unwrap();
+        for (name, var) in loaded.varmap.data().lock().unwrap().iter() {
+            assert!(grads.get(var.as_tensor()).is_none(), "the frozen base's {name} got a gradient");
+        }
         let vars = adapters.data().lock().unwrap();
         for (name, var) in vars.iter() {
             let want = &golden[&format!("grad_{case}.{name}")];
