@@ -31,6 +31,7 @@ pub mod purpose {
     pub const COMPARATOR: u64 = 13;
     pub const EVAL_ROUND: u64 = 14;
     pub const REWARD_FRESH: u64 = 15;
+    pub const LORA_INIT: u64 = 16;
 }
 
 #[cfg(test)]

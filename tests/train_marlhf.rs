@@ -133,7 +133,7 @@ fn train_marlhf_refuses_what_it_cannot_do() {
     let varmap = random_varmap(&cfg, 3, DType::F32, &Device::Cpu).unwrap();
     let model = LoadedModel::build(&varmap, &cfg, DType::F32, &Device::Cpu).unwrap();
     let tokenizer = word_tokenizer(51).unwrap();
-    let wide = LoadedModel { model, varmap, tokenizer, source: "wide".into(), files: Default::default() };
+    let wide = LoadedModel { model, varmap, tokenizer, source: "wide".into(), files: Default::default(), lora: None };
     wide.save_hf_dir(&d.join("wide"), None).unwrap();
     copy_inputs(d, "big");
     let wide = format!("agent_model={}", d.join("wide").display());

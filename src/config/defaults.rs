@@ -40,6 +40,7 @@ impl Default for Config {
             collaboration_mode: "decentralized".into(),
             parallel_training: "none".into(),
             agent_devices: None,
+            agent_lora: None,
             max_new_tokens: TokenLimit::One(256),
             temperature: 0.6,
             top_p: 0.6,

@@ -29,7 +29,7 @@ pub use modes::{
     RewardHeadKind,
 };
 pub use overrides::{closest, Override};
-pub use tables::{RewardConfig, TaskConfig};
+pub use tables::{AgentLora, RewardConfig, TaskConfig};
 pub use values::{DeviceSpec, EvalSplit, TokenLimit};
 
 /// The pooled reward head's hidden layer width when `reward_head_hidden` is not set.
@@ -76,6 +76,8 @@ pub struct Config {
     pub agent_model: Option<String>,
     /// ... or one per agent (heterogeneous teams).
     pub agents: Option<Vec<String>>,
+    /// LoRA agents: `[agent_lora]` below (absent: full fine-tuning).
+    pub agent_lora: Option<AgentLora>,
     /// Score the last completion token in the decentralized scorer (the reference drops it).
     pub score_last_token: bool,
     /// Seconds to wait for a `kind = "command"` reward program's answer.

@@ -1,9 +1,9 @@
 //! The config reference, `docs/config.md`, generated from this module's sources (`mod.rs`,
 //! `tables.rs`): every key of
-//! [`Config`], [`TaskConfig`] and [`RewardConfig`] with its doc comment and its default, grouped
+//! [`Config`], [`TaskConfig`], [`RewardConfig`] and [`AgentLora`] with its doc comment and its default, grouped
 //! by the `// --- section ---` comments of the struct. A test (`config::tests`) fails when the
 //! file is stale; `PBRL_BLESS=1 cargo test --lib config_reference` rewrites it.
-use super::{iterative_defaults, Config, RewardConfig, TaskConfig};
+use super::{iterative_defaults, AgentLora, Config, RewardConfig, TaskConfig};
 
 /// The sources the reference is read from: the flat keys, then the tables.
 const SOURCES: [&str; 2] = [include_str!("mod.rs"), include_str!("tables.rs")];
@@ -156,6 +156,7 @@ pub fn markdown() -> String {
     for (name, table, value) in [
         ("task", "TaskConfig", toml::Value::try_from(TaskConfig::default())),
         ("reward", "RewardConfig", toml::Value::try_from(RewardConfig::default())),
+        ("agent_lora", "AgentLora", toml::Value::try_from(AgentLora::default())),
     ] {
         let doc = struct_doc(table);
         let value = value.expect("serializes");

@@ -456,6 +456,9 @@ impl Config {
 
     /// pbrl's anchored MADPO and keep-best rules.
     fn validate_training_extras(&self) -> Result<(), ConfigError> {
+        if let Some(lora) = &self.agent_lora {
+            lora.validate()?;
+        }
         if self.reference_model_name.is_some() && !self.madpo_reference && !self.madpo_log_kl {
             return err(
                 "reference_model_name is set but unused: it is anchored MADPO's reference (set madpo_reference \

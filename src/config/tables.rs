@@ -1,4 +1,4 @@
-//! The `[task]` and `[reward]` tables.
+//! The `[task]`, `[reward]` and `[agent_lora]` tables.
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -64,5 +64,72 @@ pub struct RewardConfig {
 impl Default for RewardConfig {
     fn default() -> Self {
         Self { kind: "length_ratio".into(), scale: 1.0, shift: 0.0, params: toml::Table::new() }
+    }
+}
+
+/// LoRA agents (off when the table is absent): each agent is its base model, frozen and shared in
+/// memory by the agents of one source, plus a low-rank adapter on the projections
+/// `target_modules` name, which is all that trains; its saved `agents/agent_i/` is a PEFT adapter
+/// (`adapter_config.json`, `adapter_model.safetensors`) over its source. PEFT's `LoraConfig`
+/// keys and meaning. Supported by `collect`, `train-madpo` and `eval` so far.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentLora {
+    /// The adapters' rank, 1 to 1024.
+    pub r: i64,
+    /// The scale numerator: the adapter's product is multiplied by alpha / r (alpha / √r with
+    /// `use_rslora`).
+    pub alpha: f64,
+    /// Dropout on the adapter's input; only 0 is implemented (another value is refused).
+    pub dropout: f64,
+    /// The projections that get adapters: names among q_proj, k_proj, v_proj, o_proj, gate_proj,
+    /// up_proj, down_proj, or ["all-linear"] for all of them (PEFT's "all-linear").
+    pub target_modules: Vec<String>,
+    /// rsLoRA's scale alpha / √r.
+    pub use_rslora: bool,
+}
+
+impl Default for AgentLora {
+    fn default() -> Self {
+        Self { r: 8, alpha: 16.0, dropout: 0.0, target_modules: vec!["all-linear".into()], use_rslora: false }
+    }
+}
+
+/// The projections a Llama-family decoder has (PEFT's "all-linear" on it, the LM head excluded).
+pub const LORA_PROJECTIONS: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+
+impl AgentLora {
+    /// The projection names the adapters go on ("all-linear" expanded).
+    pub fn targets(&self) -> Vec<String> {
+        match self.target_modules.iter().any(|t| t == "all-linear") {
+            true => LORA_PROJECTIONS.map(String::from).to_vec(),
+            false => self.target_modules.clone(),
+        }
+    }
+
+    pub(super) fn validate(&self) -> Result<(), super::ConfigError> {
+        let bad = |m: String| Err(super::ConfigError(m));
+        if !(1..=1024).contains(&self.r) {
+            return bad("agent_lora.r must be in [1, 1024].".into());
+        }
+        if !(self.alpha > 0.0 && self.alpha.is_finite()) {
+            return bad("agent_lora.alpha must be > 0.".into());
+        }
+        if self.dropout != 0.0 {
+            return bad("agent_lora.dropout: only 0 is implemented (pbrl applies no dropout to the adapters).".into());
+        }
+        if self.target_modules.is_empty() {
+            return bad("agent_lora.target_modules is empty: name projections or use [\"all-linear\"].".into());
+        }
+        let all = self.target_modules.iter().any(|t| t == "all-linear");
+        if let Some(t) = self.target_modules.iter().find(|t| !LORA_PROJECTIONS.contains(&t.as_str()) && !all) {
+            return bad(format!(
+                "agent_lora.target_modules: `{t}` is not one of {LORA_PROJECTIONS:?} or \"all-linear\"."
+            ));
+        }
+        if all && self.target_modules.len() > 1 {
+            return bad("agent_lora.target_modules: \"all-linear\" stands alone.".into());
+        }
+        Ok(())
     }
 }

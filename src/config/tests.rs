@@ -47,6 +47,11 @@ fn each_rule_reports_its_message() {
         ("collaboration_mode = \"central\"", "collaboration_mode must be 'decentralized' or 'centralized'."),
         ("num_train_epochs = 0", "num_train_epochs must be >= 1."),
         ("num_train_epochs = 4294967297", "num_train_epochs must be <= 100000."),
+        ("[agent_lora]\nr = 0", "agent_lora.r must be in [1, 1024]."),
+        ("[agent_lora]\nalpha = 0.0", "agent_lora.alpha must be > 0."),
+        ("[agent_lora]\ndropout = 0.05", "agent_lora.dropout: only 0 is implemented"),
+        ("[agent_lora]\ntarget_modules = [\"qproj\"]", "`qproj` is not one of"),
+        ("[agent_lora]\ntarget_modules = []", "agent_lora.target_modules is empty"),
         ("comparator_api_headers = { \"X-A\" = \"a\\nb\" }", "comparator_api_headers: `X-A` is not a valid HTTP header"),
         ("comparator_api_headers = { \"X A\" = \"b\" }", "comparator_api_headers: `X A` is not a valid HTTP header"),
         ("comparator_api_key_header = \"a:b\"", "comparator_api_key_header must be an HTTP header name"),
@@ -276,7 +281,7 @@ fn the_reward_model_defaults_to_the_first_actor() {
 
 #[test]
 fn every_config_key_is_documented() {
-    for name in ["Config", "TaskConfig", "RewardConfig"] {
+    for name in ["Config", "TaskConfig", "RewardConfig", "AgentLora"] {
         let doc = super::reference::struct_doc(name);
         let keys: Vec<_> = doc.sections.iter().flat_map(|(_, k)| k).collect();
         assert!(keys.len() >= 4, "{name}: {} keys read", keys.len());

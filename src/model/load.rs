@@ -10,6 +10,7 @@ use candle_nn::{VarBuilder, VarMap};
 use serde_json::{json, Value};
 
 use super::config::{token_ids, ModelConfig};
+use super::lora::{attach, load_values, LoraAgent, LoraSpec, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 use super::sampling::SamplingParams;
 use super::tokenizer::{chat_tokenizer_from_dir, chat_tokenizer_from_gguf, ChatTokenizer};
 use super::transformer::CausalLm;
@@ -72,10 +73,13 @@ const LM_HEAD: &str = "lm_head.weight";
 /// tokenizer.
 pub struct LoadedModel {
     pub model: CausalLm,
+    /// The trainable weights: all of them, or a LoRA agent's adapters only.
     pub varmap: VarMap,
     pub tokenizer: ChatTokenizer,
     pub source: String,
     pub files: SourceFiles,
+    /// A LoRA agent: adapters (`varmap`) on a frozen base (`model`'s other weights).
+    pub lora: Option<LoraAgent>,
 }
 
 impl LoadedModel {
@@ -90,6 +94,12 @@ impl LoadedModel {
     }
 
     fn load_parts(source: &str, device: &Device, with_lm_head: bool) -> Result<Self> {
+        if Path::new(source).join(ADAPTER_CONFIG).is_file() {
+            if !with_lm_head {
+                bail!("`{source}` is a LoRA adapter: a reward model's or critic's backbone must be a whole model");
+            }
+            return Self::load_adapter(source, device);
+        }
         let parsed = ModelSource::parse(source)?;
         let (varmap, config, tokenizer, files) = match &parsed {
             ModelSource::Gguf(p) => load_gguf(p, device)?,
@@ -103,7 +113,41 @@ impl LoadedModel {
             CausalLm::load_backbone(VarBuilder::from_varmap(&varmap, DType::F32, device), &config)
         }
         .with_context(|| format!("building the model from `{source}`"))?;
-        Ok(Self { model, varmap, tokenizer, source: source.to_string(), files })
+        Ok(Self { model, varmap, tokenizer, source: source.to_string(), files, lora: None })
+    }
+
+    /// A LoRA agent over `base`: its weights frozen (shared with `base`, not copied), fresh
+    /// adapters (A from `seed`, B zero: the base's outputs) the only variables.
+    pub fn with_lora(base: &LoadedModel, spec: &LoraSpec, seed: u64) -> Result<Self> {
+        if base.lora.is_some() {
+            bail!("`{}` is already a LoRA agent", base.source);
+        }
+        let mut model = base.frozen()?;
+        let varmap = VarMap::new();
+        attach(&mut model.backbone, spec, &varmap, seed)?;
+        let lora = Some(LoraAgent { spec: spec.clone(), base: base.source.clone() });
+        Ok(Self {
+            model,
+            varmap,
+            tokenizer: base.tokenizer.clone(),
+            source: base.source.clone(),
+            files: base.files.clone(),
+            lora,
+        })
+    }
+
+    /// A saved PEFT adapter directory: its base (`base_model_name_or_path`) with the adapters.
+    fn load_adapter(dir: &str, device: &Device) -> Result<Self> {
+        let agent = LoraAgent::read(Path::new(dir))?;
+        let base =
+            Self::load(&agent.base, device).with_context(|| format!("loading the base of the LoRA adapter `{dir}`"))?;
+        let mut m = Self::with_lora(&base, &agent.spec, 0)?;
+        let path = Path::new(dir).join(ADAPTER_WEIGHTS);
+        let values =
+            candle_core::safetensors::load(&path, device).with_context(|| format!("reading {}", path.display()))?;
+        load_values(&m.varmap, &values).with_context(|| format!("{}", path.display()))?;
+        m.source = dir.to_string();
+        Ok(m)
     }
 
     /// The same model with its weights as plain tensors (no variables, sharing their storage): a
@@ -156,12 +200,14 @@ impl LoadedModel {
     }
 
     fn write_hf_files(&self, tmp: &Path, sampling: Option<&SamplingParams>) -> Result<()> {
-        use std::os::unix::fs::PermissionsExt;
         if tmp.exists() {
             std::fs::remove_dir_all(tmp)?;
         }
         std::fs::create_dir_all(tmp)?;
         let config = &self.model.config;
+        if let Some(lora) = &self.lora {
+            return self.write_adapter_files(tmp, lora);
+        }
         // Exactly the weights the language model reads: no other head in the VarMap, no
         // lm_head.weight of its own for a tied model, and none for a backbone.
         let map: HashMap<String, Tensor> = {
@@ -231,14 +277,35 @@ impl LoadedModel {
             .tokenizer
             .save(tmp.join("tokenizer.json"), false)
             .map_err(|e| anyhow::anyhow!("saving tokenizer.json: {e}"))?;
-        // Files copied from a read-only source (a hub cache) would stay read-only: every file
-        // gets what a new file gets, read-write under the user's umask.
-        let mode = 0o666 & !crate::run::atomic::umask();
-        for entry in std::fs::read_dir(tmp)? {
-            std::fs::set_permissions(entry?.path(), std::fs::Permissions::from_mode(mode))?;
-        }
-        Ok(())
+        new_file_modes(tmp)
     }
+}
+
+impl LoadedModel {
+    /// A LoRA agent's directory: the PEFT adapter and the tokenizer (so the directory alone
+    /// tells what text the agent reads).
+    fn write_adapter_files(&self, tmp: &Path, lora: &LoraAgent) -> Result<()> {
+        lora.save(tmp, &self.varmap)?;
+        self.tokenizer
+            .tokenizer
+            .save(tmp.join("tokenizer.json"), false)
+            .map_err(|e| anyhow::anyhow!("saving tokenizer.json: {e}"))?;
+        if let Some(v) = &self.files.tokenizer_config_json {
+            std::fs::write(tmp.join("tokenizer_config.json"), serde_json::to_vec_pretty(v)?)?;
+        }
+        new_file_modes(tmp)
+    }
+}
+
+/// Files copied from a read-only source (a hub cache) would stay read-only: every file of `dir`
+/// gets what a new file gets, read-write under the user's umask.
+fn new_file_modes(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = 0o666 & !crate::run::atomic::umask();
+    for entry in std::fs::read_dir(dir)? {
+        std::fs::set_permissions(entry?.path(), std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
 }
 
 /// What a source yields before the module is built.

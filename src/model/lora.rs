@@ -5,12 +5,16 @@
 //! model unchanged. The adapters' variables are named as in PEFT's `adapter_model.safetensors`
 //! (`base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight`).
 //!
-//! This is the building block of LoRA agents (issue 33); stages do not use it yet.
-use anyhow::{bail, Result};
+//! A LoRA agent is saved as a PEFT adapter directory: `adapter_config.json` and
+//! `adapter_model.safetensors` (PEFT's names, `{"format": "pt"}` metadata).
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
 use candle_core::{Tensor, Var};
 use candle_nn::VarMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use serde_json::{json, Value};
 
 use super::ops;
 use super::transformer::Backbone;
@@ -115,4 +119,100 @@ pub fn load_values(adapters: &VarMap, tensors: &std::collections::HashMap<String
         var.set(&value.to_dtype(var.dtype())?.to_device(var.device())?)?;
     }
     Ok(())
+}
+
+pub const ADAPTER_CONFIG: &str = "adapter_config.json";
+pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
+
+/// What makes a model a LoRA agent: its adapters' settings and the base they sit on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraAgent {
+    pub spec: LoraSpec,
+    /// The base model's source (`base_model_name_or_path`).
+    pub base: String,
+}
+
+impl LoraAgent {
+    /// PEFT's `adapter_config.json`.
+    pub fn adapter_config(&self) -> Value {
+        json!({
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": self.base,
+            "r": self.spec.r,
+            "lora_alpha": self.spec.alpha,
+            "lora_dropout": 0.0,
+            "target_modules": self.spec.target_modules,
+            "use_rslora": self.spec.use_rslora,
+            "bias": "none",
+            "fan_in_fan_out": false,
+            "inference_mode": true,
+            "init_lora_weights": true,
+            "modules_to_save": null,
+            "use_dora": false,
+        })
+    }
+
+    /// Read a PEFT adapter directory's `adapter_config.json`; a setting that changes the
+    /// computation and that pbrl does not implement is an error.
+    pub fn read(dir: &Path) -> Result<Self> {
+        let path = dir.join(ADAPTER_CONFIG);
+        let v: Value =
+            serde_json::from_slice(&std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?)
+                .with_context(|| format!("{}: not JSON", path.display()))?;
+        let fail = |what: &str| anyhow::anyhow!("{}: {what}", path.display());
+        if v["peft_type"] != "LORA" {
+            return Err(fail("peft_type is not \"LORA\""));
+        }
+        for (key, plain) in [
+            ("use_dora", json!(false)),
+            ("fan_in_fan_out", json!(false)),
+            ("bias", json!("none")),
+            ("modules_to_save", Value::Null),
+            ("layers_to_transform", Value::Null),
+        ] {
+            if !v[key].is_null() && v[key] != plain {
+                return Err(fail(&format!("`{key}` = {} is not implemented by pbrl", v[key])));
+            }
+        }
+        for key in ["rank_pattern", "alpha_pattern"] {
+            if v[key].as_object().is_some_and(|m| !m.is_empty()) {
+                return Err(fail(&format!("`{key}` is not implemented by pbrl")));
+            }
+        }
+        let r = v["r"].as_u64().filter(|&r| r >= 1).ok_or_else(|| fail("`r` must be a positive integer"))? as usize;
+        let alpha = v["lora_alpha"].as_f64().filter(|a| *a > 0.0).ok_or_else(|| fail("`lora_alpha` must be > 0"))?;
+        let target_modules = match &v["target_modules"] {
+            Value::String(s) if s == "all-linear" => ALL_LINEAR.map(String::from).to_vec(),
+            Value::Array(a) => a
+                .iter()
+                .map(|t| t.as_str().map(String::from).ok_or_else(|| fail("`target_modules` must hold names")))
+                .collect::<Result<_>>()?,
+            _ => return Err(fail("`target_modules` must be a list of names or \"all-linear\"")),
+        };
+        let base = v["base_model_name_or_path"]
+            .as_str()
+            .filter(|b| !b.is_empty())
+            .ok_or_else(|| fail("`base_model_name_or_path` is missing"))?
+            .to_string();
+        let use_rslora = v["use_rslora"].as_bool().unwrap_or(false);
+        Ok(Self { spec: LoraSpec { r, alpha, target_modules, use_rslora }, base })
+    }
+
+    /// Write the adapter directory's two files into `dir`: the config and the adapters' values
+    /// (f32, PEFT's names, `{"format": "pt"}` metadata).
+    pub fn save(&self, dir: &Path, adapters: &VarMap) -> Result<()> {
+        let tensors: Vec<(String, Tensor)> = {
+            let data = adapters.data().lock().expect("the adapter map's lock");
+            data.iter()
+                .map(|(k, v)| Ok((k.clone(), v.as_tensor().to_dtype(candle_core::DType::F32)?)))
+                .collect::<Result<_>>()?
+        };
+        let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+        safetensors::serialize_to_file(tensors, Some(metadata), &dir.join(ADAPTER_WEIGHTS))
+            .with_context(|| format!("writing {ADAPTER_WEIGHTS}"))?;
+        let mut bytes = serde_json::to_vec_pretty(&self.adapter_config())?;
+        bytes.push(b'\n');
+        std::fs::write(dir.join(ADAPTER_CONFIG), bytes).with_context(|| format!("writing {ADAPTER_CONFIG}"))
+    }
 }

@@ -97,5 +97,5 @@ pub fn tiny_model(architecture: Architecture, tie: bool, seed: u64, dtype: DType
     let varmap = random_varmap(&cfg, seed, dtype, &dev)?;
     let model = LoadedModel::build(&varmap, &cfg, dtype, &dev)?;
     let tokenizer = word_tokenizer(cfg.vocab_size)?;
-    Ok(LoadedModel { model, varmap, tokenizer, source: format!("tiny:{seed}"), files: Default::default() })
+    Ok(LoadedModel { model, varmap, tokenizer, source: format!("tiny:{seed}"), files: Default::default(), lora: None })
 }

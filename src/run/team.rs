@@ -148,7 +148,8 @@ pub fn saved_team(dir: &Path, n: usize) -> Result<Option<Vec<PathBuf>>> {
         bail!("{}: agent `{bad}` is not a subdirectory of the team directory", manifest_path.display());
     }
     let paths: Vec<PathBuf> = manifest.agents.iter().map(|a| dir.join(a)).collect();
-    if let Some(missing) = paths.iter().find(|p| !p.join("config.json").is_file()) {
+    let whole = |p: &PathBuf| p.join("config.json").is_file() || p.join(crate::model::lora::ADAPTER_CONFIG).is_file();
+    if let Some(missing) = paths.iter().find(|p| !whole(p)) {
         bail!("{}: the team manifest lists {} but it is missing or incomplete", dir.display(), missing.display());
     }
     Ok(Some(paths))

@@ -11,7 +11,9 @@ use candle_core::Device;
 
 use crate::config::{Config, DeviceSpec};
 use crate::device::{ensure_fits, parse_device};
+use crate::model::lora::LoraSpec;
 use crate::model::LoadedModel;
+use crate::rng::{derive_seed, purpose};
 use crate::run::team::saved_team;
 use crate::run::RunDir;
 use crate::task::{render_template, TaskItem};
@@ -191,6 +193,18 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
         serde_json::Value::Object(m) => m,
         _ => unreachable!("a TOML table serializes to a JSON object"),
     };
+    // LoRA agents not yet trained: fresh adapters on their base, one base in memory per source
+    // and device (its weights shared, never copied).
+    let fresh_lora = match (members, &trained) {
+        (Members::Current, None) => cfg.agent_lora.as_ref().map(|l| LoraSpec {
+            r: l.r as usize,
+            alpha: l.alpha,
+            target_modules: l.targets(),
+            use_rslora: l.use_rslora,
+        }),
+        _ => None,
+    };
+    let mut bases: Vec<((String, String), LoadedModel)> = Vec::new();
     (0..n)
         .map(|i| {
             let device = parse_device(&devices[i], &format!("agent_devices[{i}]"))?;
@@ -199,9 +213,23 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
                 None => sources[i].clone(),
             };
             tracing::info!(agent = i, %source, "loading agent");
-            let mut model =
-                LoadedModel::load(&source, &device).with_context(|| format!("loading agent {i} from `{source}`"))?;
-            crate::run::team::refuse_non_finite(&format!("agent {i} from `{source}`"), &model)?;
+            let load = |source: &str| -> Result<LoadedModel> {
+                let model =
+                    LoadedModel::load(source, &device).with_context(|| format!("loading agent {i} from `{source}`"))?;
+                crate::run::team::refuse_non_finite(&format!("agent {i} from `{source}`"), &model)?;
+                Ok(model)
+            };
+            let mut model = match &fresh_lora {
+                Some(spec) => {
+                    let key = (source.clone(), devices[i].clone());
+                    if !bases.iter().any(|(k, _)| *k == key) {
+                        bases.push((key.clone(), load(&source)?));
+                    }
+                    let base = &bases.iter().find(|(k, _)| *k == key).expect("just loaded").1;
+                    LoadedModel::with_lora(base, spec, derive_seed(cfg.seed, &[purpose::LORA_INIT, i as u64]))?
+                }
+                None => load(&source)?,
+            };
             model.tokenizer.template_kwargs = template_kwargs.clone();
             Ok(Agent { index: i, model, device, recipe: recipe(i), chat_template: cfg.task.chat_template })
         })
