@@ -357,3 +357,13 @@ fn an_api_comparator_needs_a_decentralized_team() {
     );
     assert!(load(text, &[]).is_ok());
 }
+
+/// `[agent_lora]` from the command line alone: the named keys, the rest of the table's defaults.
+#[test]
+fn agent_lora_can_be_set_by_overrides() {
+    let c = load("", &["agent_lora.r=16", "agent_lora.alpha=32"]).unwrap();
+    let lora = c.agent_lora.expect("the table is set");
+    assert_eq!((lora.r, lora.alpha, lora.dropout), (16, 32.0, 0.0));
+    assert_eq!(lora.targets().len(), 7, "all-linear by default");
+    assert!(load("", &[]).unwrap().agent_lora.is_none());
+}
