@@ -1,8 +1,8 @@
 //! LoRA agents end to end on a tiny model: `collect` → `train-madpo` with `[agent_lora]` trains
 //! the adapters only (the base file untouched), saves each agent as a PEFT adapter directory that
 //! `eval` and `LoadedModel::load` read back (the trained agent differs from its base, a fresh one
-//! does not), and that PEFT loads to the same logits (with PBRL_REF_PYTHON); the stages that do not
-//! train LoRA agents yet refuse them.
+//! does not), and that PEFT loads to the same logits (with PBRL_REF_PYTHON); MARLHF (MAGRPO) and
+//! iterate train LoRA teams too; the actor-critic backends refuse them.
 mod common;
 
 use common::{ok, pbrl};
@@ -87,14 +87,75 @@ fn a_lora_team_trains_its_adapters_and_saves_peft_adapters() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("reward_mean"));
     let fresh = LoadedModel::with_lora(&base, &trained_spec(), 3).unwrap();
     assert_eq!(common::max_abs_diff(&logits(&fresh, &ids), &logits(&base, &ids)), 0.0);
-    // Not yet: MARLHF and iterate refuse LoRA agents.
-    for stage in ["train-marlhf", "iterate"] {
-        let o = pbrl(&[stage, "--config", "c.toml", "--run-dir", "other"], d);
-        let e = String::from_utf8_lossy(&o.stderr);
-        assert!(!o.status.success() && e.contains("does not train LoRA agents yet"), "{stage}: {e}");
+    // MARLHF (MAGRPO) and iterate train LoRA teams too; the actor-critic backends refuse them.
+    let o = pbrl(&["train-marlhf", "--config", "c.toml", "--run-dir", "other", "rl_algorithm=iac"], d);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("do not train LoRA agents yet"), "{e}");
+}
+
+/// MARLHF (MAGRPO) on a LoRA team, and `iterate` (2 rounds against the current team): adapters
+/// saved and trained, the round snapshots adapters too.
+#[test]
+fn marlhf_and_iterate_train_lora_teams() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d);
+    let mh = ["num_generations=3", "rollout_buffer_size=2", "reward_train_batch_size=2", "reward_eval_fraction=0"];
+    ok(pbrl(&[&["collect", "--config", "c.toml"][..], &mh].concat(), d));
+    ok(pbrl(&[&["fit-rm", "--config", "c.toml"][..], &mh].concat(), d));
+    ok(pbrl(&[&["train-marlhf", "--config", "c.toml"][..], &mh].concat(), d));
+    ok(pbrl(&["iterate", "--config", "c.toml", "--run-dir", "it", "num_iterations=2"], d));
+    let base = LoadedModel::load(d.join("tiny").to_str().unwrap(), &Device::Cpu).unwrap();
+    let ids = [3u32, 8, 5, 9];
+    for run in ["run", "it"] {
+        let agent = d.join(run).join("agents/agent_1");
+        let trained = LoadedModel::load(agent.to_str().unwrap(), &Device::Cpu).unwrap();
+        assert!(trained.lora.is_some() && !agent.join("model.safetensors").exists(), "{run}: an adapter");
+        let moved = common::max_abs_diff(&logits(&trained, &ids), &logits(&base, &ids));
+        assert!(moved > 1e-6, "{run}: the adapters trained ({moved})");
     }
 }
 
 fn trained_spec() -> pbrl::model::lora::LoraSpec {
     pbrl::model::lora::LoraSpec { r: 4, alpha: 8.0, target_modules: vec!["q_proj".into()], use_rslora: false }
+}
+
+/// A LoRA run resumed for a second epoch ends with the adapters of an uninterrupted 2-epoch run,
+/// byte for byte (the checkpoint holds the adapters and their AdamW state only).
+#[test]
+fn a_resumed_lora_run_is_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d);
+    ok(pbrl(&["collect", "--config", "c.toml"], d));
+    for run in ["a", "b"] {
+        std::fs::create_dir_all(d.join(run)).unwrap();
+        let status =
+            std::process::Command::new("cp").arg("-r").arg(d.join("run/preference_replay")).arg(d.join(run)).status();
+        assert!(status.unwrap().success());
+    }
+    ok(pbrl(&["train-madpo", "--config", "c.toml", "--run-dir", "a", "num_train_epochs=2"], d));
+    ok(pbrl(
+        &["train-madpo", "--config", "c.toml", "--run-dir", "b", "num_train_epochs=1", "checkpoint_interval=1"],
+        d,
+    ));
+    ok(pbrl(
+        &[
+            "train-madpo",
+            "--config",
+            "c.toml",
+            "--run-dir",
+            "b",
+            "num_train_epochs=2",
+            "checkpoint_interval=1",
+            "--resume",
+        ],
+        d,
+    ));
+    let losses = |run: &str| common::metric_values(&d.join(run), "madpo/loss").len();
+    assert_eq!(losses("a"), losses("b"), "the resume trained the second epoch only");
+    for i in 0..2 {
+        let f = format!("agents/agent_{i}/adapter_model.safetensors");
+        assert!(std::fs::read(d.join("a").join(&f)).unwrap() == std::fs::read(d.join("b").join(&f)).unwrap(), "{f}");
+    }
 }

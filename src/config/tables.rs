@@ -71,7 +71,8 @@ impl Default for RewardConfig {
 /// memory by the agents of one source, plus a low-rank adapter on the projections
 /// `target_modules` name, which is all that trains; its saved `agents/agent_i/` is a PEFT adapter
 /// (`adapter_config.json`, `adapter_model.safetensors`) over its source. PEFT's `LoraConfig`
-/// keys and meaning. Supported by `collect`, `train-madpo` and `eval` so far.
+/// keys and meaning. Every stage takes LoRA agents except the actor-critic MARLHF backends
+/// (`iac`, `maac`), which refuse them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentLora {

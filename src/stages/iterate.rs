@@ -95,9 +95,6 @@ pub struct RoundSummary {
 }
 
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> {
-    if cfg.agent_lora.is_some() {
-        anyhow::bail!("agent_lora: iterate does not train LoRA agents yet (collect, train-madpo and eval do)");
-    }
     let api = cfg.modes.comparator == ComparatorPolicy::Api;
     // Everything a round will need is checked before the run directory records anything, so a
     // mistake found here leaves it usable for the corrected command.
