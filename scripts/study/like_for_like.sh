@@ -4,7 +4,9 @@
 # and CoMLRL's MADPOTrainer (scripts/study/comlrl_quickstart.py) each train a team from the base
 # agents, timed; then `pbrl eval` scores the base team and both trained teams on the 48 eval
 # prompts x 4 samples with the same seed, and scripts/study/like_for_like.py prints the paired
-# gains (per prompt, after minus before) with their standard errors and the times.
+# gains (per prompt, after minus before) with their standard errors and the times. A third side,
+# `pbrlref`, is pbrl running the reference's own MADPO (reference-free, beta 0.1, a constant
+# rate, no keep-best, all train items): the same algorithm as CoMLRL's, in pbrl.
 #   DIR=study dir (default runs/like-for-like)  SEEDS="1 2 3"  THREADS=1  SIDES="pbrl comlrl"
 #   VENV=.venv-bench (torch, transformers, gguf, datasets, comlrl 1.4.3; scripts/bench.sh makes it)
 # A step whose output exists is skipped, so a cut study resumes where it stopped.
@@ -25,10 +27,13 @@ for s in $SEEDS; do
     run=$DIR/$side-s$s
     if [ ! -f "$run/agents/team.json" ]; then
       rm -rf "$run"
-      if [ "$side" = pbrl ]; then
-        t=$(timed "$DIR/logs/$side-s$s.collect.log" "$PBRL" collect "${cfg[@]}" --run-dir "$run")
+      if [ "$side" = pbrl ] || [ "$side" = pbrlref ]; then
+        extra=()
+        [ "$side" = pbrlref ] && extra=(madpo_reference=false dpo_beta=0.1 lr_scheduler_type=\"constant\" keep_best=false
+          eval_split=\"eval_file\" eval_interval=0)
+        t=$(timed "$DIR/logs/$side-s$s.collect.log" "$PBRL" collect "${cfg[@]}" --run-dir "$run" "${extra[@]}")
         echo "$side-s$s collect $t" >> "$DIR/times"
-        t=$(timed "$DIR/logs/$side-s$s.train.log" "$PBRL" train-madpo "${cfg[@]}" --run-dir "$run")
+        t=$(timed "$DIR/logs/$side-s$s.train.log" "$PBRL" train-madpo "${cfg[@]}" --run-dir "$run" "${extra[@]}")
         echo "$side-s$s train $t" >> "$DIR/times"
       else
         t=$(timed "$DIR/logs/$side-s$s.log" "$VENV/bin/python" scripts/study/comlrl_quickstart.py --out "$run" --seed "$s" --threads "$T")
