@@ -6,6 +6,7 @@ pub mod config;
 pub mod gemm;
 pub mod heads;
 pub mod kv_cache;
+pub mod linear;
 pub mod load;
 pub mod lora;
 pub mod ops;
