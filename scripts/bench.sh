@@ -8,10 +8,10 @@ cd "$(dirname "$0")/.."
 T=${BENCH_THREADS:-2}; STEPS=${BENCH_STEPS:-3}; VENV=${BENCH_VENV:-.venv-bench}
 OUT=target/bench; mkdir -p "$OUT"
 scripts/fetch-model.sh
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import torch, transformers, gguf, accelerate, comlrl, datasets" 2>/dev/null; then
-  echo "making the baseline venv $VENV (torch, transformers, gguf, accelerate, comlrl 1.4.3)..."
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import torch, transformers, gguf, accelerate, comlrl, datasets, peft" 2>/dev/null; then
+  echo "making the baseline venv $VENV (torch, transformers, gguf, accelerate, comlrl 1.4.3, peft)..."
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q torch transformers gguf accelerate datasets comlrl==1.4.3
+  "$VENV/bin/pip" install -q torch transformers gguf accelerate datasets comlrl==1.4.3 peft
 fi
 cargo build --release --bin pbrl --bench runtime
 BIN=$(cargo bench --bench runtime --no-run --message-format=json 2>/dev/null \

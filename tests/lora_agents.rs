@@ -59,7 +59,10 @@ fn a_lora_team_trains_its_adapters_and_saves_peft_adapters() {
         assert!(trained.lora.is_some());
         let moved = common::max_abs_diff(&logits(&trained, &ids), &logits(&base, &ids));
         assert!(moved > 1e-6, "agent {i}'s adapters trained: the logits moved by {moved}");
-        if let Some(py) = common::ref_python() {
+        let peft = |py: &std::path::PathBuf| {
+            std::process::Command::new(py).args(["-c", "import peft"]).output().is_ok_and(|o| o.status.success())
+        };
+        if let Some(py) = common::ref_python().filter(peft) {
             let case = d.join(format!("case{i}.safetensors"));
             let ids_t =
                 Tensor::new(&ids[..], &Device::Cpu).unwrap().to_dtype(DType::I64).unwrap().unsqueeze(0).unwrap();
@@ -79,7 +82,7 @@ fn a_lora_team_trains_its_adapters_and_saves_peft_adapters() {
             );
             eprintln!("PEFT on agent {i}'s adapter: {}", String::from_utf8_lossy(&o.stdout).trim());
         } else {
-            eprintln!("skipped the PEFT check: PBRL_REF_PYTHON is not set");
+            eprintln!("skipped the PEFT check: PBRL_REF_PYTHON is not set or has no peft");
         }
     }
     // eval reads the LoRA team; a fresh LoRA agent is its base.
