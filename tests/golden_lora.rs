@@ -74,4 +74,6 @@ fn lora_targets_must_name_a_projection() {
     let e = attach(&mut m.model.backbone, &bad, &VarMap::new(), 1).unwrap_err().to_string();
     assert!(e.contains("qproj") && e.contains("q_proj"), "{e}");
     assert!((spec(true).scaling() - 4.0).abs() < 1e-12 && (spec(false).scaling() - 2.0).abs() < 1e-12);
+    // The config's list of projections (it imports nothing from the model) is the model's.
+    assert_eq!(pbrl::config::LORA_PROJECTIONS, pbrl::model::lora::ALL_LINEAR);
 }

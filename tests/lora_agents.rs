@@ -90,6 +90,13 @@ fn a_lora_team_trains_its_adapters_and_saves_peft_adapters() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("reward_mean"));
     let fresh = LoadedModel::with_lora(&base, &trained_spec(), 3).unwrap();
     assert_eq!(common::max_abs_diff(&logits(&fresh, &ids), &logits(&base, &ids)), 0.0);
+    // The run's LoRA team under a config without [agent_lora]: refused, never trained as another kind.
+    let full = std::fs::read_to_string(d.join("c.toml")).unwrap().replace("[agent_lora]\nr = 4\nalpha = 8.0\n", "");
+    let full = full.replace("target_modules = [\"q_proj\", \"v_proj\", \"down_proj\"]\n", "");
+    std::fs::write(d.join("c-full.toml"), full).unwrap();
+    let o = pbrl(&["train-madpo", "--config", "c-full.toml", "num_train_epochs=2", "--resume"], d);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("is a LoRA adapter") && e.contains("whole models"), "{e}");
     // MARLHF (MAGRPO) and iterate train LoRA teams too; the actor-critic backends refuse them.
     let o = pbrl(&["train-marlhf", "--config", "c.toml", "--run-dir", "other", "rl_algorithm=iac"], d);
     let e = String::from_utf8_lossy(&o.stderr);

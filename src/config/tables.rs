@@ -96,7 +96,8 @@ impl Default for AgentLora {
     }
 }
 
-/// The projections a Llama-family decoder has (PEFT's "all-linear" on it, the LM head excluded).
+/// The projections a Llama-family decoder has (PEFT's "all-linear" on it, the LM head excluded);
+/// `model::lora::ALL_LINEAR`, which a test keeps equal (the config imports nothing from the model).
 pub const LORA_PROJECTIONS: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
 
 impl AgentLora {

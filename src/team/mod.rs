@@ -195,13 +195,14 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
     };
     // LoRA agents not yet trained: fresh adapters on their base, one base in memory per source
     // and device (its weights shared, never copied).
+    let configured_lora = cfg.agent_lora.as_ref().map(|l| LoraSpec {
+        r: l.r as usize,
+        alpha: l.alpha,
+        target_modules: l.targets(),
+        use_rslora: l.use_rslora,
+    });
     let fresh_lora = match (members, &trained) {
-        (Members::Current, None) => cfg.agent_lora.as_ref().map(|l| LoraSpec {
-            r: l.r as usize,
-            alpha: l.alpha,
-            target_modules: l.targets(),
-            use_rslora: l.use_rslora,
-        }),
+        (Members::Current, None) => configured_lora.clone(),
         _ => None,
     };
     let mut bases: Vec<((String, String), LoadedModel)> = Vec::new();
@@ -230,6 +231,17 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
                 }
                 None => load(&source)?,
             };
+            // The run's own team continues as the config says: full models, or adapters of the
+            // configured shape (never silently the other kind).
+            if matches!(members, Members::Current) && model.lora.as_ref().map(|l| &l.spec) != configured_lora.as_ref() {
+                bail!(
+                    "agent {i} in `{source}` is {}, but the config asks for {}; train in a new run directory",
+                    model.lora.as_ref().map_or("a whole model".into(), |l| format!("a LoRA adapter ({:?})", l.spec)),
+                    configured_lora
+                        .as_ref()
+                        .map_or("whole models (no [agent_lora])".into(), |l| format!("LoRA agents ({l:?})")),
+                );
+            }
             model.tokenizer.template_kwargs = template_kwargs.clone();
             Ok(Agent { index: i, model, device, recipe: recipe(i), chat_template: cfg.task.chat_template })
         })
