@@ -141,10 +141,17 @@ impl LoadedModel {
         let agent = LoraAgent::read(Path::new(dir))?;
         let base =
             Self::load(&agent.base, device).with_context(|| format!("loading the base of the LoRA adapter `{dir}`"))?;
-        let mut m = Self::with_lora(&base, &agent.spec, 0)?;
+        Self::adapter_over(&base, dir)
+    }
+
+    /// The adapter directory `dir` on an already loaded `base` (which must be its
+    /// `base_model_name_or_path`): agents of one base share it in memory.
+    pub fn adapter_over(base: &LoadedModel, dir: &str) -> Result<Self> {
+        let agent = LoraAgent::read(Path::new(dir))?;
+        let mut m = Self::with_lora(base, &agent.spec, 0)?;
         let path = Path::new(dir).join(ADAPTER_WEIGHTS);
-        let values =
-            candle_core::safetensors::load(&path, device).with_context(|| format!("reading {}", path.display()))?;
+        let values = candle_core::safetensors::load(&path, base.model.device())
+            .with_context(|| format!("reading {}", path.display()))?;
         load_values(&m.varmap, &values).with_context(|| format!("{}", path.display()))?;
         m.source = dir.to_string();
         Ok(m)

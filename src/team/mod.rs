@@ -220,14 +220,28 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
                 crate::run::team::refuse_non_finite(&format!("agent {i} from `{source}`"), &model)?;
                 Ok(model)
             };
+            // A LoRA agent's base: loaded once per source and device, then shared.
+            let base_of = |bases: &mut Vec<((String, String), LoadedModel)>, base: &str| -> Result<usize> {
+                let key = (base.to_string(), devices[i].clone());
+                if let Some(k) = bases.iter().position(|(k, _)| *k == key) {
+                    return Ok(k);
+                }
+                bases.push((key, load(base)?));
+                Ok(bases.len() - 1)
+            };
+            let saved_adapter = std::path::Path::new(&source).join(crate::model::lora::ADAPTER_CONFIG).is_file();
             let mut model = match &fresh_lora {
                 Some(spec) => {
-                    let key = (source.clone(), devices[i].clone());
-                    if !bases.iter().any(|(k, _)| *k == key) {
-                        bases.push((key.clone(), load(&source)?));
-                    }
-                    let base = &bases.iter().find(|(k, _)| *k == key).expect("just loaded").1;
-                    LoadedModel::with_lora(base, spec, derive_seed(cfg.seed, &[purpose::LORA_INIT, i as u64]))?
+                    let seed = derive_seed(cfg.seed, &[purpose::LORA_INIT, i as u64]);
+                    let k = base_of(&mut bases, &source)?;
+                    LoadedModel::with_lora(&bases[k].1, spec, seed)?
+                }
+                None if saved_adapter => {
+                    let base = crate::model::lora::LoraAgent::read(std::path::Path::new(&source))?.base;
+                    let k = base_of(&mut bases, &base)?;
+                    let m = LoadedModel::adapter_over(&bases[k].1, &source)?;
+                    crate::run::team::refuse_non_finite(&format!("agent {i} from `{source}`"), &m)?;
+                    m
                 }
                 None => load(&source)?,
             };
