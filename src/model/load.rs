@@ -141,14 +141,13 @@ impl LoadedModel {
         let agent = LoraAgent::read(Path::new(dir))?;
         let base =
             Self::load(&agent.base, device).with_context(|| format!("loading the base of the LoRA adapter `{dir}`"))?;
-        Self::adapter_over(&base, dir)
+        Self::adapter_over(&base, dir, &agent.spec)
     }
 
-    /// The adapter directory `dir` on an already loaded `base` (which must be its
-    /// `base_model_name_or_path`): agents of one base share it in memory.
-    pub fn adapter_over(base: &LoadedModel, dir: &str) -> Result<Self> {
-        let agent = LoraAgent::read(Path::new(dir))?;
-        let mut m = Self::with_lora(base, &agent.spec, 0)?;
+    /// The adapter directory `dir` (read as `agent` by [`LoraAgent::read`]) on an already loaded
+    /// `base`, its `base_model_name_or_path`: agents of one base share it in memory.
+    pub fn adapter_over(base: &LoadedModel, dir: &str, spec: &LoraSpec) -> Result<Self> {
+        let mut m = Self::with_lora(base, spec, 0)?;
         let path = Path::new(dir).join(ADAPTER_WEIGHTS);
         let values = candle_core::safetensors::load(&path, base.model.device())
             .with_context(|| format!("reading {}", path.display()))?;
@@ -204,6 +203,20 @@ impl LoadedModel {
             std::fs::rename(&tmp, dir).map_err(io)?;
         }
         Ok(())
+    }
+
+    /// A LoRA agent's directory: the PEFT adapter and the tokenizer (so the directory alone
+    /// tells what text the agent reads).
+    fn write_adapter_files(&self, tmp: &Path, lora: &LoraAgent) -> Result<()> {
+        lora.save(tmp, &self.varmap)?;
+        self.tokenizer
+            .tokenizer
+            .save(tmp.join("tokenizer.json"), false)
+            .map_err(|e| anyhow::anyhow!("saving tokenizer.json: {e}"))?;
+        if let Some(v) = &self.files.tokenizer_config_json {
+            std::fs::write(tmp.join("tokenizer_config.json"), serde_json::to_vec_pretty(v)?)?;
+        }
+        new_file_modes(tmp)
     }
 
     fn write_hf_files(&self, tmp: &Path, sampling: Option<&SamplingParams>) -> Result<()> {
@@ -284,22 +297,6 @@ impl LoadedModel {
             .tokenizer
             .save(tmp.join("tokenizer.json"), false)
             .map_err(|e| anyhow::anyhow!("saving tokenizer.json: {e}"))?;
-        new_file_modes(tmp)
-    }
-}
-
-impl LoadedModel {
-    /// A LoRA agent's directory: the PEFT adapter and the tokenizer (so the directory alone
-    /// tells what text the agent reads).
-    fn write_adapter_files(&self, tmp: &Path, lora: &LoraAgent) -> Result<()> {
-        lora.save(tmp, &self.varmap)?;
-        self.tokenizer
-            .tokenizer
-            .save(tmp.join("tokenizer.json"), false)
-            .map_err(|e| anyhow::anyhow!("saving tokenizer.json: {e}"))?;
-        if let Some(v) = &self.files.tokenizer_config_json {
-            std::fs::write(tmp.join("tokenizer_config.json"), serde_json::to_vec_pretty(v)?)?;
-        }
         new_file_modes(tmp)
     }
 }

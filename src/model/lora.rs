@@ -154,7 +154,7 @@ impl LoraAgent {
     }
 
     /// Read a PEFT adapter directory's `adapter_config.json`; a setting that changes the
-    /// computation and that pbrl does not implement is an error.
+    /// computation and that pbrl's LoRA does not have (DoRA, biases, per-layer patterns) is an error.
     pub fn read(dir: &Path) -> Result<Self> {
         let path = dir.join(ADAPTER_CONFIG);
         let v: Value =
@@ -172,12 +172,15 @@ impl LoraAgent {
             ("layers_to_transform", Value::Null),
         ] {
             if !v[key].is_null() && v[key] != plain {
-                return Err(fail(&format!("`{key}` = {} is not implemented by pbrl", v[key])));
+                return Err(fail(&format!(
+                    "`{key}` = {} changes the computation and pbrl's LoRA has no such setting; refused",
+                    v[key]
+                )));
             }
         }
         for key in ["rank_pattern", "alpha_pattern"] {
             if v[key].as_object().is_some_and(|m| !m.is_empty()) {
-                return Err(fail(&format!("`{key}` is not implemented by pbrl")));
+                return Err(fail(&format!("`{key}` (per-layer ranks or scales) is outside pbrl's LoRA; refused")));
             }
         }
         let r = v["r"].as_u64().filter(|&r| r >= 1).ok_or_else(|| fail("`r` must be a positive integer"))? as usize;

@@ -237,9 +237,9 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
                     LoadedModel::with_lora(&bases[k].1, spec, seed)?
                 }
                 None if saved_adapter => {
-                    let base = crate::model::lora::LoraAgent::read(std::path::Path::new(&source))?.base;
-                    let k = base_of(&mut bases, &base)?;
-                    let m = LoadedModel::adapter_over(&bases[k].1, &source)?;
+                    let agent = crate::model::lora::LoraAgent::read(std::path::Path::new(&source))?;
+                    let k = base_of(&mut bases, &agent.base)?;
+                    let m = LoadedModel::adapter_over(&bases[k].1, &source, &agent.spec)?;
                     crate::run::team::refuse_non_finite(&format!("agent {i} from `{source}`"), &m)?;
                     m
                 }

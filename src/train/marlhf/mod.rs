@@ -77,17 +77,13 @@ pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<Trai
     let started = std::time::Instant::now();
     let (summary, n) = match backend {
         MarlhfBackend::PolicyGradient(mode) => {
-            let buffer = cfg.rollout_buffer_size as usize;
             let setup = Setup::load(
                 cfg,
                 run_dir,
                 BatchShape {
-                    items_per_buffer: buffer,
+                    items_per_buffer: cfg.rollout_buffer_size as usize,
                     buffer_keys: "rollout_buffer_size × num_generations",
-                    rows_per_update: cfg
-                        .pairs_per_update()
-                        .min(buffer)
-                        .max(1)
+                    rows_per_update: policy_gradient::items_per_update(cfg)
                         .saturating_mul(cfg.num_generations as usize),
                     update_keys: "train_batch_size × num_generations",
                 },

@@ -21,6 +21,11 @@ use crate::train::session::{all_weights, Plan, Session, TrainingData, TrainingSu
 use super::setup::{abs_mean, joint_scores, mean, rollout_metrics, rollout_pad, Setup};
 use super::TrainOptions;
 
+/// Items whose groups one update scores: `train_batch_size`, at most a buffer's.
+pub(super) fn items_per_update(cfg: &Config) -> usize {
+    cfg.pairs_per_update().min(cfg.rollout_buffer_size as usize).max(1)
+}
+
 /// The MAGRPO family: group advantages per item, the policy-gradient loss on padded rows.
 pub(super) fn train_policy_gradient(
     cfg: &Config,
@@ -36,7 +41,7 @@ pub(super) fn train_policy_gradient(
     };
     let Setup { team, items, rm, .. } = setup;
     let buffer = cfg.rollout_buffer_size as usize;
-    let chunk_items = cfg.pairs_per_update().min(buffer).max(1);
+    let chunk_items = items_per_update(cfg);
     let centralized = cfg.modes.centralized;
     let plan = Plan {
         stage: "train-marlhf",
