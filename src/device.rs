@@ -20,8 +20,10 @@ pub fn sum_of_largest(mut values: Vec<usize>, k: usize) -> usize {
 
 /// Refuse, before allocating, work that needs `need` bytes on `device` when that is more than
 /// the memory available: `what(need_mib, free_mib)` says what needs it and which keys to lower.
-/// A lower bound of the need is passed, so a refusal is never wrong; on a GPU the driver's own
-/// out-of-memory error stands (candle reports it as an error, not an abort).
+/// Callers pass a lower bound of the need (fit-rm's activations, a MADPO update's longest
+/// pairs) or the worst case the work can reach (a KV cache or MARLHF update at
+/// `max_new_tokens`), and their message says which; on a GPU the driver's own out-of-memory
+/// error stands (candle reports it as an error, not an abort).
 pub fn ensure_fits(device: &Device, need: u128, what: impl FnOnce(u128, u64) -> String) -> Result<()> {
     if let (true, Some(free)) = (device.is_cpu(), available_memory()) {
         if need > free as u128 {
