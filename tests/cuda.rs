@@ -133,13 +133,8 @@ fn adamw_steps_match_the_cpu() {
     }
 }
 
-/// collect → train-madpo → eval on `cuda:0` through the binary; the same seed gives the same
-/// round twice on the GPU.
-#[test]
-fn stages_run_on_the_gpu() {
-    common::init();
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+/// A tiny Llama and a 2-agent MADPO config on `cuda:0` in `d` (`extra` appended, e.g. a table).
+fn gpu_run_setup(d: &Path, extra: &str) {
     tiny_model(Architecture::Llama, true, 21, DType::F32).unwrap().save_hf_dir(&d.join("tiny"), None).unwrap();
     let items: String = (0..4).map(|i| format!("{{\"prompt\": \"w{i} w{} w7\"}}\n", i + 3)).collect();
     std::fs::write(d.join("items.jsonl"), items).unwrap();
@@ -148,10 +143,20 @@ fn stages_run_on_the_gpu() {
          temperature = 1.0\ntop_p = 1.0\npreference_num_candidates = 4\npreference_pairs_per_sample = 2\n\
          agent_learning_rate = 1e-3\ntrain_batch_size = 2\nnum_train_epochs = 4\neval_interval = 0\n\
          eval_num_samples = 4\n[task]\ntrain_file = \"items.jsonl\"\neval_file = \"items.jsonl\"\n\
-         formatters = [\"{{prompt}}\", \"{{prompt}} w9\"]\nchat_template = false\n",
+         formatters = [\"{{prompt}}\", \"{{prompt}} w9\"]\nchat_template = false\n{extra}",
         d.join("tiny").display()
     );
     std::fs::write(d.join("c.toml"), cfg).unwrap();
+}
+
+/// collect → train-madpo → eval on `cuda:0` through the binary; the same seed gives the same
+/// round twice on the GPU.
+#[test]
+fn stages_run_on_the_gpu() {
+    common::init();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    gpu_run_setup(d, "");
     ok(pbrl(&["collect", "--config", "c.toml"], d));
     ok(pbrl(&["collect", "--config", "c.toml", "--run-dir", "again"], d));
     let round = |run: &str| RoundFile::load(&d.join(run).join("preference_replay/iteration_0001.json")).unwrap();
@@ -164,4 +169,36 @@ fn stages_run_on_the_gpu() {
     // eval loads the trained agents onto the GPU.
     let o = ok(pbrl(&["eval", "--config", "c.toml"], d));
     assert!(String::from_utf8_lossy(&o.stdout).contains("eval/turn_1/reward_mean"));
+}
+
+/// A LoRA team on one base on `cuda:0`: collect → train-madpo → fit-rm → train-marlhf → eval
+/// through the binary; the adapters trained on the GPU give the CPU's logits when loaded on both.
+#[test]
+fn a_lora_team_runs_on_the_gpu() {
+    common::init();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    gpu_run_setup(d, "[agent_lora]\nr = 4\nalpha = 8.0\ntarget_modules = [\"all-linear\"]\n");
+    let mh = ["num_generations=3", "rollout_buffer_size=2", "reward_train_batch_size=2", "reward_eval_fraction=0"];
+    for stage in ["collect", "train-madpo", "fit-rm", "train-marlhf", "eval"] {
+        ok(pbrl(&[&[stage, "--config", "c.toml"][..], &mh].concat(), d));
+    }
+    let l = common::metric_values(&d.join("run"), "madpo/loss");
+    assert!(l.len() >= 4 && l[l.len() - 2..].iter().sum::<f64>() < l[..2].iter().sum::<f64>(), "loss falls: {l:?}");
+    let agent = d.join("run/agents/agent_1");
+    let (c, g) = (
+        LoadedModel::load(agent.to_str().unwrap(), &Device::Cpu).unwrap(),
+        LoadedModel::load(agent.to_str().unwrap(), &gpu()).unwrap(),
+    );
+    let base = LoadedModel::load(d.join("tiny").to_str().unwrap(), &Device::Cpu).unwrap();
+    assert!(c.lora.is_some() && g.lora.is_some(), "an adapter over the base");
+    let seqs = vec![vec![3u32, 8, 5, 9, 4]];
+    let logits = |m: &LoadedModel| {
+        let b = PaddedBatch::new(&seqs, 0, Padding::Right, m.model.device()).unwrap();
+        host(&m.model.forward(&b.ids, &b.positions, &b.bias, None, Mode::Infer).unwrap())
+    };
+    let (lc, lg) = (logits(&c), logits(&g));
+    assert!(common::max_abs_diff(&lc, &logits(&base)) > 1e-6, "the adapters trained");
+    let d = common::max_abs_diff(&lc, &lg);
+    assert!(d < 1e-4, "the trained adapter's logits differ by {d} between CPU and GPU");
 }

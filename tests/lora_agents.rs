@@ -169,3 +169,31 @@ fn a_resumed_lora_run_is_exact() {
         assert!(std::fs::read(d.join("a").join(&f)).unwrap() == std::fs::read(d.join("b").join(&f)).unwrap(), "{f}");
     }
 }
+
+/// `agent_lora.base_dtype`: LoRA agents over a bf16 base train end to end (collect, MADPO,
+/// MARLHF with its KL reference, the base with adapters off) and their adapters load over the
+/// f32 base too; q8_0 is refused for a base whose projection inputs are not multiples of 32,
+/// naming the projection, before any work.
+#[test]
+fn a_lora_team_trains_on_a_bf16_base_and_q8_0_names_what_it_cannot_pack() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d);
+    let mh = ["num_generations=3", "rollout_buffer_size=2", "reward_train_batch_size=2", "reward_eval_fraction=0"];
+    for stage in ["collect", "train-madpo", "fit-rm", "train-marlhf"] {
+        ok(pbrl(
+            &[&[stage, "--config", "c.toml", "agent_lora.base_dtype=\"bf16\"", "reference_kl_enabled=true"][..], &mh]
+                .concat(),
+            d,
+        ));
+    }
+    let base = LoadedModel::load(d.join("tiny").to_str().unwrap(), &Device::Cpu).unwrap();
+    let agent = d.join("run/agents/agent_0");
+    let trained = LoadedModel::load(agent.to_str().unwrap(), &Device::Cpu).unwrap();
+    let moved = common::max_abs_diff(&logits(&trained, &[3, 8, 5, 9]), &logits(&base, &[3, 8, 5, 9]));
+    assert!(moved > 1e-6, "the adapters trained ({moved})");
+    let o = pbrl(&["collect", "--config", "c.toml", "--run-dir", "q8", "agent_lora.base_dtype=\"q8_0\""], d);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("model.layers.0.mlp.down_proj has 48 inputs"), "{e}");
+    assert!(!e.contains("panicked"), "{e}");
+}

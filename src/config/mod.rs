@@ -29,7 +29,7 @@ pub use modes::{
     RewardHeadKind,
 };
 pub use overrides::{closest, Override};
-pub use tables::{AgentLora, RewardConfig, TaskConfig, LORA_PROJECTIONS};
+pub use tables::{AgentLora, BaseDType, RewardConfig, TaskConfig, LORA_PROJECTIONS};
 pub use values::{DeviceSpec, EvalSplit, TokenLimit};
 
 /// The pooled reward head's hidden layer width when `reward_head_hidden` is not set.

@@ -88,11 +88,34 @@ pub struct AgentLora {
     pub target_modules: Vec<String>,
     /// rsLoRA's scale alpha / √r.
     pub use_rslora: bool,
+    /// How the shared frozen base stores its matrices: "f32" (exact), "bf16" (every matrix in
+    /// bf16) or "q8_0" (projections in GGUF's q8_0 blocks, which need input sizes that are
+    /// multiples of 32; embeddings in bf16). Each product reads them in f32 (QLoRA's rule), so
+    /// the backward pass is exact for the stored weights; adapters, optimizer state and
+    /// activations stay f32.
+    pub base_dtype: BaseDType,
+}
+
+/// `agent_lora.base_dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BaseDType {
+    F32,
+    Bf16,
+    #[serde(rename = "q8_0")]
+    Q8_0,
 }
 
 impl Default for AgentLora {
     fn default() -> Self {
-        Self { r: 8, alpha: 16.0, dropout: 0.0, target_modules: vec!["all-linear".into()], use_rslora: false }
+        Self {
+            r: 8,
+            alpha: 16.0,
+            dropout: 0.0,
+            target_modules: vec!["all-linear".into()],
+            use_rslora: false,
+            base_dtype: BaseDType::F32,
+        }
     }
 }
 

@@ -52,6 +52,7 @@ fn each_rule_reports_its_message() {
         ("[agent_lora]\ndropout = 0.05", "agent_lora.dropout: only 0 is implemented"),
         ("[agent_lora]\ntarget_modules = [\"qproj\"]", "`qproj` is not one of"),
         ("[agent_lora]\ntarget_modules = []", "agent_lora.target_modules is empty"),
+        ("[agent_lora]\nbase_dtype = \"q4\"", "unknown variant `q4`, expected one of `f32`, `bf16`, `q8_0`"),
         ("comparator_api_headers = { \"X-A\" = \"a\\nb\" }", "comparator_api_headers: `X-A` is not a valid HTTP header"),
         ("comparator_api_headers = { \"X A\" = \"b\" }", "comparator_api_headers: `X A` is not a valid HTTP header"),
         ("comparator_api_key_header = \"a:b\"", "comparator_api_key_header must be an HTTP header name"),

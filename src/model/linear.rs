@@ -1,16 +1,39 @@
 //! The linear layer: `y = x Wᵀ (+ b)`, plus a LoRA adapter's product when one is set.
-use anyhow::Result;
-use candle_core::Tensor;
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 
 use super::lora::LoraAdapter;
 use super::ops;
 use super::transformer::required;
 
+/// How a frozen base stores its weight matrices (`agent_lora.base_dtype`); activations, norms,
+/// adapters and their optimizer state stay f32 in every case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrozenStorage {
+    /// As loaded (f32): the weights' storage is shared, not copied.
+    F32,
+    /// Every matrix (projections, embeddings, LM head) in bf16, read in f32 for each product.
+    Bf16,
+    /// The projections (and an untied LM head) in GGUF's q8_0 blocks, dequantized for each
+    /// product; the token embeddings (and a tied head) in bf16.
+    Q8_0,
+}
+
+/// A weight matrix: a tensor (a variable when it trains), or a frozen quantized one.
+#[derive(Debug, Clone)]
+enum Weight {
+    Dense(Tensor),
+    Quantized(Arc<QTensor>),
+}
+
 /// `y = x Wᵀ (+ b)`, applied to a 2-D view of `x` so forward, dX and dW are single GEMMs.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    weight: Tensor,
+    weight: Weight,
     bias: Option<Tensor>,
     /// A low-rank adapter whose product is added to the output (`lora.rs`).
     lora: Option<LoraAdapter>,
@@ -21,22 +44,49 @@ impl Linear {
         let vb = vb.pp(name);
         let weight = required(&vb, (out_dim, in_dim), "weight")?;
         let bias = if bias { Some(required(&vb, out_dim, "bias")?) } else { None };
-        Ok(Self { weight, bias, lora: None })
+        Ok(Self { weight: Weight::Dense(weight), bias, lora: None })
     }
 
     pub fn from_weight(weight: Tensor) -> Self {
-        Self { weight, bias: None, lora: None }
+        Self { weight: Weight::Dense(weight), bias: None, lora: None }
     }
 
     /// (in, out) features.
     pub fn dims(&self) -> (usize, usize) {
-        let (out, inp) = self.weight.dims2().expect("a linear weight is 2-D");
+        let (out, inp) = match &self.weight {
+            Weight::Dense(w) => w.dims2(),
+            Weight::Quantized(q) => q.shape().dims2(),
+        }
+        .expect("a linear weight is 2-D");
         (inp, out)
+    }
+
+    /// Store this frozen layer's weight as `storage` says (its bias stays as it is). `name` is
+    /// the layer's, for errors: q8_0 packs each row in blocks of 32 inputs.
+    pub fn store_frozen(&mut self, storage: FrozenStorage, name: &str) -> Result<()> {
+        let Weight::Dense(w) = &self.weight else { bail!("{name} is already stored quantized") };
+        self.weight = match storage {
+            FrozenStorage::F32 => return Ok(()),
+            FrozenStorage::Bf16 => Weight::Dense(w.to_dtype(DType::BF16)?),
+            FrozenStorage::Q8_0 => {
+                let (inp, _) = self.dims();
+                if inp % GgmlDType::Q8_0.block_size() != 0 {
+                    bail!("base_dtype \"q8_0\" packs rows in blocks of 32: {name} has {inp} inputs");
+                }
+                Weight::Quantized(Arc::new(QTensor::quantize(w, GgmlDType::Q8_0)?))
+            }
+        };
+        Ok(())
     }
 
     /// Add `adapter`'s product to this layer's output from now on.
     pub fn set_lora(&mut self, adapter: LoraAdapter) {
         self.lora = Some(adapter);
+    }
+
+    /// Drop the adapter: the base layer alone.
+    pub fn clear_lora(&mut self) {
+        self.lora = None;
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -49,7 +99,10 @@ impl Linear {
             out.push(y.dim(1)?);
             return Ok(y.reshape(out)?);
         }
-        let y = ops::linear(x, &self.weight)?;
+        let y = match &self.weight {
+            Weight::Dense(w) => ops::linear(x, w)?,
+            Weight::Quantized(q) => ops::quantized_linear(x, q)?,
+        };
         let y = match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,

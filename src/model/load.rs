@@ -10,6 +10,7 @@ use candle_nn::{VarBuilder, VarMap};
 use serde_json::{json, Value};
 
 use super::config::{token_ids, ModelConfig};
+use super::linear::FrozenStorage;
 use super::lora::{attach, load_values, LoraAgent, LoraSpec, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 use super::sampling::SamplingParams;
 use super::tokenizer::{chat_tokenizer_from_dir, chat_tokenizer_from_gguf, ChatTokenizer};
@@ -156,10 +157,28 @@ impl LoadedModel {
         Ok(m)
     }
 
+    /// A LoRA agent's base, the agent with its adapters off (sharing the base's storage, frozen
+    /// as the agent's is); `None` for a whole model.
+    pub fn lora_base(&self) -> Option<LoadedModel> {
+        let lora = self.lora.as_ref()?;
+        Some(Self {
+            model: self.model.without_adapters(),
+            varmap: VarMap::new(),
+            tokenizer: self.tokenizer.clone(),
+            source: lora.base.clone(),
+            files: self.files.clone(),
+            lora: None,
+        })
+    }
+
     /// The same model with its weights as plain tensors (no variables, sharing their storage): a
     /// frozen base. Its backward computes no weight gradients (`ops::linear`), so adapters on it
     /// train without weight-sized buffers.
     pub fn frozen(&self) -> Result<CausalLm> {
+        if self.varmap.all_vars().is_empty() {
+            // Already a frozen base (`into_frozen_base`): share it as it is stored.
+            return Ok(self.model.clone());
+        }
         let tensors: HashMap<String, Tensor> = {
             let data = self.varmap.data().lock().expect("VarMap lock");
             data.iter().map(|(k, v)| (k.clone(), v.as_tensor().detach())).collect()
@@ -170,6 +189,15 @@ impl LoadedModel {
             true => CausalLm::load(vb, &self.model.config),
             false => CausalLm::load_backbone(vb, &self.model.config),
         }
+    }
+
+    /// This model as the frozen base of LoRA agents: no variables, its matrices stored as
+    /// `storage` says (the f32 variables dropped once converted). The agents built on it
+    /// ([`Self::with_lora`], [`Self::adapter_over`]) share its storage.
+    pub fn into_frozen_base(self, storage: FrozenStorage) -> Result<Self> {
+        let mut model = self.frozen()?;
+        model.store_frozen(storage).with_context(|| format!("storing the base `{}` as {storage:?}", self.source))?;
+        Ok(Self { model, varmap: VarMap::new(), ..self })
     }
 
     /// The module over a `VarMap`'s weights (f32 for real models; tests also build f64 ones).

@@ -13,7 +13,7 @@ use candle_nn::VarBuilder;
 
 use super::config::ModelConfig;
 use super::kv_cache::{KvCache, LayerKv};
-use super::linear::Linear;
+use super::linear::{FrozenStorage, Linear};
 use super::ops;
 
 /// Which kernels a forward pass may use.
@@ -283,6 +283,9 @@ fn detach_rows_of(x: &Tensor, ids: &Tensor, pad: u32) -> Result<Tensor> {
 #[derive(Debug, Clone)]
 pub struct Backbone {
     pub config: ModelConfig,
+    /// The activations' dtype (f32 for real models; tests also build f64 ones), whatever dtype
+    /// a frozen base stores its matrices in.
+    dtype: DType,
     embed_tokens: Tensor,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
@@ -299,7 +302,7 @@ impl Backbone {
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::load(&m, cfg.hidden_size, "norm", cfg.rms_norm_eps)?;
         let rotary = RotaryEmbedding::new(cfg, vb.dtype(), vb.device())?;
-        Ok(Self { config: cfg.clone(), embed_tokens, layers, norm, rotary })
+        Ok(Self { config: cfg.clone(), dtype: vb.dtype(), embed_tokens, layers, norm, rotary })
     }
 
     pub fn device(&self) -> &Device {
@@ -307,7 +310,20 @@ impl Backbone {
     }
 
     pub fn dtype(&self) -> DType {
-        self.embed_tokens.dtype()
+        self.dtype
+    }
+
+    /// Store this frozen backbone's matrices as `storage` says: the projections by
+    /// [`Linear::store_frozen`], the token embeddings in bf16 unless f32 is asked.
+    pub fn store_frozen(&mut self, storage: FrozenStorage) -> Result<()> {
+        if storage == FrozenStorage::F32 {
+            return Ok(());
+        }
+        self.embed_tokens = self.embed_tokens.to_dtype(DType::BF16)?;
+        for (name, proj) in self.projections_mut() {
+            proj.store_frozen(storage, &name)?;
+        }
+        Ok(())
     }
 
     /// Every projection of the decoder layers with its Hugging Face name
@@ -363,9 +379,9 @@ impl Backbone {
     ) -> Result<Tensor> {
         let (b, s) = ids.dims2()?;
         let rope = self.rotary.slice(positions)?;
-        let bias = &bias.to_dtype(self.embed_tokens.dtype())?;
+        let bias = &bias.to_dtype(self.dtype)?;
         let flat = ids.flatten_all()?;
-        let mut x = self.embed_tokens.index_select(&flat, 0)?;
+        let mut x = self.embed_tokens.index_select(&flat, 0)?.to_dtype(self.dtype)?;
         if let (Mode::Train, Some(pad)) = (mode, self.config.pad_token_id) {
             x = detach_rows_of(&x, &flat, pad)?;
         }
@@ -418,6 +434,28 @@ impl CausalLm {
             Some(head) => head.forward(hidden),
             None => bail!("this model was loaded as a backbone (a reward model's or a critic's): it has no LM head"),
         }
+    }
+
+    /// Store this frozen model's matrices as `storage` says ([`Backbone::store_frozen`]); a tied
+    /// LM head keeps sharing the embeddings, an untied one is stored as a projection.
+    pub fn store_frozen(&mut self, storage: FrozenStorage) -> Result<()> {
+        self.backbone.store_frozen(storage)?;
+        if let Some(head) = &mut self.lm_head {
+            match self.backbone.config.tie_word_embeddings {
+                true => *head = Linear::from_weight(self.backbone.embed_tokens.clone()),
+                false => head.store_frozen(storage, "lm_head")?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The same model with every adapter off: a LoRA agent's base, sharing its storage.
+    pub fn without_adapters(&self) -> CausalLm {
+        let mut base = self.clone();
+        for (_, proj) in base.backbone.projections_mut() {
+            proj.clear_lora();
+        }
+        base
     }
 
     /// Whether the model has its LM head (a backbone has not).

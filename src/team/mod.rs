@@ -9,8 +9,10 @@ pub mod rollout;
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
+use crate::config::BaseDType;
 use crate::config::{Config, DeviceSpec};
 use crate::device::{ensure_fits, parse_device};
+use crate::model::linear::FrozenStorage;
 use crate::model::lora::LoraSpec;
 use crate::model::LoadedModel;
 use crate::rng::{derive_seed, purpose};
@@ -145,12 +147,39 @@ pub fn load_as(team: &[Agent], sources: &[String], devices: &[String], what: &st
         .zip(sources)
         .map(|((a, d), source)| {
             let device = parse_device(d, what)?;
-            let model = LoadedModel::load(source, &device)
-                .with_context(|| format!("loading {what} `{source}` for agent {}", a.index))?;
+            let context = || format!("loading {what} `{source}` for agent {}", a.index);
+            let model = match over_shared_base(a, &device, source).with_context(context)? {
+                Some(model) => model,
+                None => LoadedModel::load(source, &device).with_context(context)?,
+            };
             crate::run::team::refuse_non_finite(&format!("{what} `{source}`"), &model)?;
             Ok(a.with_model(model, device))
         })
         .collect()
+}
+
+/// `source` over the base LoRA agent `a` holds in memory, when `a` is on `device` and `source`
+/// is that base (a reference: the agent with its adapters off) or an adapter over it (a
+/// comparator's snapshot): no second copy of the base. `None` otherwise.
+fn over_shared_base(a: &Agent, device: &Device, source: &str) -> Result<Option<LoadedModel>> {
+    let Some(base) = a.model.lora_base() else { return Ok(None) };
+    if !a.device.same_device(device) {
+        return Ok(None);
+    }
+    if source == base.source {
+        tracing::info!(agent = a.index, %source, "the LoRA agent's base in memory, adapters off");
+        return Ok(Some(base));
+    }
+    let dir = std::path::Path::new(source);
+    if !dir.join(crate::model::lora::ADAPTER_CONFIG).is_file() {
+        return Ok(None);
+    }
+    let adapter = crate::model::lora::LoraAgent::read(dir)?;
+    if adapter.base != base.source {
+        return Ok(None);
+    }
+    tracing::info!(agent = a.index, %source, "an adapter over the LoRA agent's base in memory");
+    Ok(Some(LoadedModel::adapter_over(&base, source, &adapter.spec)?))
 }
 
 pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
@@ -201,6 +230,11 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
         target_modules: l.targets(),
         use_rslora: l.use_rslora,
     });
+    let base_storage = match cfg.agent_lora.as_ref().map(|l| l.base_dtype) {
+        None | Some(BaseDType::F32) => FrozenStorage::F32,
+        Some(BaseDType::Bf16) => FrozenStorage::Bf16,
+        Some(BaseDType::Q8_0) => FrozenStorage::Q8_0,
+    };
     let fresh_lora = match (members, &trained) {
         (Members::Current, None) => configured_lora.clone(),
         _ => None,
@@ -220,13 +254,14 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
                 crate::run::team::refuse_non_finite(&format!("agent {i} from `{source}`"), &model)?;
                 Ok(model)
             };
-            // A LoRA agent's base: loaded once per source and device, then shared.
+            // A LoRA agent's base: loaded once per source and device, stored as `base_dtype`
+            // says, then shared.
             let base_of = |bases: &mut Vec<((String, String), LoadedModel)>, base: &str| -> Result<usize> {
                 let key = (base.to_string(), devices[i].clone());
                 if let Some(k) = bases.iter().position(|(k, _)| *k == key) {
                     return Ok(k);
                 }
-                bases.push((key, load(base)?));
+                bases.push((key, load(base)?.into_frozen_base(base_storage)?));
                 Ok(bases.len() - 1)
             };
             let saved_adapter = std::path::Path::new(&source).join(crate::model::lora::ADAPTER_CONFIG).is_file();

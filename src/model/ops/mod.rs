@@ -7,7 +7,9 @@
 //! - [`linear`] works on every device (f32 on the CPU through `super::gemm`'s kernel choice,
 //!   forward and backward; elsewhere the backend's own matmul) and returns dW in the weight's
 //!   (out, in) layout, where `x.matmul(w.t())` would return it transposed and pay a
-//!   strided add to accumulate it.
+//!   strided add to accumulate it. A frozen weight may be stored in bf16: it is read in the
+//!   input's dtype for each product. [`quantized_linear`] is the same product for a frozen
+//!   quantized weight (a LoRA agent's base at `base_dtype = "q8_0"`).
 //! - [`softmax_last_dim`], [`rms_norm`], [`split_heads`] (with the rotary embedding),
 //!   [`merge_heads`] and [`token_log_probs`] have CPU kernels (f32 and f64); on other devices
 //!   they fall back to the differentiable compositions of candle ops named `*_composite`.
@@ -16,8 +18,11 @@ pub use log_prob::{token_log_probs, token_log_probs_composite};
 pub use norm::{rms_norm, rms_norm_composite, rope_composite};
 pub use softmax::{softmax_composite, softmax_last_dim};
 
+use std::sync::Arc;
+
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use candle_core::quantized::QTensor;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Storage, Tensor};
 
 /// Whether the fused CPU kernels apply to `x`.
 fn cpu_float(x: &Tensor) -> bool {
@@ -83,6 +88,15 @@ fn cpu_matmul(
     Ok(CpuStorage::F32(y))
 }
 
+/// `s` (laid out as `l`) in `dtype`, contiguous, when it is stored in another dtype: a frozen
+/// weight kept in bf16 is read in f32 for one product, and the copy is dropped after it.
+fn in_dtype<S: BackendStorage>(s: &S, l: &Layout, dtype: DType) -> Result<Option<(S, Layout)>> {
+    if s.dtype() == dtype {
+        return Ok(None);
+    }
+    Ok(Some((s.to_dtype(l, dtype)?, Layout::contiguous(l.shape()))))
+}
+
 struct Linear;
 
 impl CustomOp2 for Linear {
@@ -90,8 +104,12 @@ impl CustomOp2 for Linear {
         "linear"
     }
 
-    // y = x · Wᵀ: the product of x and W's transposed layout (a view, no copy).
+    // y = x · Wᵀ: the product of x and W's transposed layout (a view, no copy). W is cast before
+    // it is transposed, so the cast reads it in order.
     fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, w: &CpuStorage, lw: &Layout) -> Result<(CpuStorage, Shape)> {
+        if let Some((w, lw)) = in_dtype(w, lw, x.dtype())? {
+            return self.cpu_fwd(x, lx, &w, &lw);
+        }
         MatMul.cpu_fwd(x, lx, w, &lw.transpose(0, 1)?)
     }
 
@@ -103,6 +121,9 @@ impl CustomOp2 for Linear {
         w: &candle_core::CudaStorage,
         lw: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
+        if let Some((w, lw)) = in_dtype(w, lw, x.dtype())? {
+            return self.cuda_fwd(x, lx, &w, &lw);
+        }
         MatMul.cuda_fwd(x, lx, w, &lw.transpose(0, 1)?)
     }
 
@@ -110,8 +131,9 @@ impl CustomOp2 for Linear {
     // agent's base, a frozen backbone) gets no weight-sized product nor gradient buffer, which
     // candle would otherwise allocate and then drop; likewise an input outside the graph.
     fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let dx = x.track_op().then(|| g.apply_op2_no_bwd(w, &MatMul)).transpose()?; // (m, n)(n, k)
-                                                                                    // (n, m)(m, k): already in W's layout
+        // dX = G W: (m, n)(n, k).
+        let dx = x.track_op().then(|| g.apply_op2_no_bwd(w, &MatMul)).transpose()?;
+        // dW = Gᵀ X: (n, m)(m, k), already in W's layout.
         let dw = w.track_op().then(|| g.t()?.apply_op2_no_bwd(x, &MatMul)).transpose()?;
         Ok((dx, dw))
     }
@@ -127,6 +149,9 @@ impl CustomOp2 for MatMul {
     }
 
     fn cpu_fwd(&self, a: &CpuStorage, la: &Layout, b: &CpuStorage, lb: &Layout) -> Result<(CpuStorage, Shape)> {
+        if let Some((b, lb)) = in_dtype(b, lb, a.dtype())? {
+            return self.cpu_fwd(a, la, &b, &lb);
+        }
         let ((m, k), (_, n)) = (la.shape().dims2()?, lb.shape().dims2()?);
         Ok((cpu_matmul(a, la, b, lb, (m, n, k))?, Shape::from((m, n))))
     }
@@ -139,6 +164,9 @@ impl CustomOp2 for MatMul {
         b: &candle_core::CudaStorage,
         lb: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
+        if let Some((b, lb)) = in_dtype(b, lb, a.dtype())? {
+            return self.cuda_fwd(a, la, &b, &lb);
+        }
         let ((m, k), (_, n)) = (la.shape().dims2()?, lb.shape().dims2()?);
         Ok((a.matmul(b, (1, m, n, k), la, lb)?, Shape::from((m, n))))
     }
@@ -151,6 +179,55 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     } else {
         x.matmul(&w.t()?)
     }
+}
+
+/// `x Wᵀ` for a frozen quantized W (out, in): W is dequantized to f32 for each product and the
+/// copy dropped after it (QLoRA's rule), so the forward is exactly the f32 model with the
+/// dequantized weights and the backward (dX = G W; W gets no gradient) is exact for it. Only the
+/// quantized blocks stay in memory, also in the autograd graph.
+struct QuantizedLinear(Arc<QTensor>);
+
+impl QuantizedLinear {
+    fn dequantized(&self, device: &candle_core::Device) -> Result<Tensor> {
+        self.0.dequantize(device)
+    }
+}
+
+impl CustomOp1 for QuantizedLinear {
+    fn name(&self) -> &'static str {
+        "quantized-linear"
+    }
+
+    fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout) -> Result<(CpuStorage, Shape)> {
+        let w = self.dequantized(&candle_core::Device::Cpu)?;
+        let (storage, lw) = w.storage_and_layout();
+        let Storage::Cpu(w) = &*storage else {
+            candle_core::bail!("quantized-linear: a CPU input, a weight elsewhere")
+        };
+        MatMul.cpu_fwd(x, lx, w, &lw.transpose(0, 1)?)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, x: &candle_core::CudaStorage, lx: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+        let w = self.dequantized(&candle_core::Device::Cuda(x.device().clone()))?;
+        let (storage, lw) = w.storage_and_layout();
+        let Storage::Cuda(w) = &*storage else {
+            candle_core::bail!("quantized-linear: a CUDA input, a weight elsewhere")
+        };
+        MatMul.cuda_fwd(x, lx, w, &lw.transpose(0, 1)?)
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        x.track_op().then(|| g.apply_op2_no_bwd(&self.dequantized(g.device())?, &MatMul)).transpose()
+    }
+}
+
+/// `x Wᵀ` for 2-D x (m, in) and a frozen quantized W (out, in), on the CPU or a CUDA device.
+pub fn quantized_linear(x: &Tensor, w: &Arc<QTensor>) -> Result<Tensor> {
+    if !(x.device().is_cpu() || x.device().is_cuda()) {
+        candle_core::bail!("a quantized frozen base runs on the CPU or a CUDA device");
+    }
+    x.contiguous()?.apply_op1(QuantizedLinear(w.clone()))
 }
 
 // The kernels (declared after the dispatch macros above, which they use).

@@ -104,3 +104,37 @@ fn fused_ops_match_their_composite_references() {
         token_log_probs_composite(&t[0], &targets).unwrap()
     });
 }
+
+/// A frozen weight stored in bf16 or q8_0: the product and dX equal the f32 product with the
+/// stored weight read back (bf16 widened, q8_0 dequantized), and the weight gets no gradient.
+#[test]
+fn frozen_bf16_and_q8_0_weights_give_the_f32_product_of_the_stored_values() {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    let (m, n, k) = (7, 5, 64);
+    let x = random(&[m, k], 30).to_dtype(DType::F32).unwrap();
+    let w = random(&[n, k], 31).to_dtype(DType::F32).unwrap();
+    let probe = random(&[m, n], 32).to_dtype(DType::F32).unwrap();
+    let q = Arc::new(QTensor::quantize(&w, GgmlDType::Q8_0).unwrap());
+    let bf16 = w.to_dtype(DType::BF16).unwrap();
+    let cases: [(&str, Tensor, &dyn Fn(&Tensor) -> Tensor); 2] = [
+        ("bf16", bf16.to_dtype(DType::F32).unwrap(), &|x| linear(x, &bf16).unwrap()),
+        ("q8_0", q.dequantize(&Device::Cpu).unwrap(), &|x| quantized_linear(x, &q).unwrap()),
+    ];
+    for (name, stored, frozen) in cases {
+        let run = |f: &dyn Fn(&Tensor) -> Tensor| {
+            let xv = Var::from_tensor(&x).unwrap();
+            let y = f(xv.as_tensor());
+            let grads = (&y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+            (y, grads.get(xv.as_tensor()).expect("dX").clone())
+        };
+        let (y, dx) = run(frozen);
+        let (y_ref, dx_ref) = run(&|x| x.matmul(&stored.t().unwrap()).unwrap());
+        let to64 = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+        assert!(max_diff(&to64(&y), &to64(&y_ref)) < 1e-5, "{name}: values");
+        assert!(max_diff(&to64(&dx), &to64(&dx_ref)) < 1e-5, "{name}: dX");
+        // The stored weight is close to the original (what the tolerance of the model-level
+        // test rests on), not equal.
+        let err = max_diff(&to64(&stored), &to64(&w));
+        assert!(err > 0.0 && err < 1e-2, "{name}: storage error {err}");
+    }
+}
