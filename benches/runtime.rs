@@ -4,6 +4,7 @@
 //!
 //!   cargo bench --bench runtime -- sample|train|gemm --model M.gguf --out result.json [--steps N] [--device cuda:0]
 //!     [--lora R]   (train: adapters of rank R on a frozen base instead of full fine-tuning)
+//!     [--base-dtype f32|bf16|q8_0]   (with --lora: how the frozen base stores its matrices)
 //!
 //! train: B = 4 × 128 tokens (2 pairs of chosen/rejected, ~48-token ChatML prompts), forward +
 //! completion log-probs + a DPO-style loss + backward + AdamW; the median of `steps` steps after
@@ -13,6 +14,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use candle_core::Var;
 use candle_nn::VarMap;
+use pbrl::model::linear::FrozenStorage;
 use pbrl::model::lora::{attach, LoraSpec, ALL_LINEAR};
 use pbrl::model::sampling::{sample, SampleRequest, SamplingParams};
 use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
@@ -74,8 +76,8 @@ fn train_rows(m: &LoadedModel) -> Result<Vec<ScoreRow>> {
     Ok(rows)
 }
 
-fn bench_train(m: &LoadedModel, lora: Option<usize>, steps: usize) -> Result<serde_json::Value> {
-    let rows = train_rows(m)?;
+fn bench_train(m: LoadedModel, lora: Option<(usize, FrozenStorage)>, steps: usize) -> Result<serde_json::Value> {
+    let rows = train_rows(&m)?;
     let dev = m.model.device().clone();
     eprintln!("loaded: peak RSS {:.0} MiB", peak_rss_mib());
     let vars = |map: &VarMap| -> Vec<(String, Var)> {
@@ -84,6 +86,10 @@ fn bench_train(m: &LoadedModel, lora: Option<usize>, steps: usize) -> Result<ser
     // Full fine-tuning trains every weight; with --lora R, adapters of rank R (alpha 2R) on every
     // projection of a frozen base (its weights plain tensors, sharing the loaded storage).
     let adapters = VarMap::new();
+    let (m, lora) = match lora {
+        Some((r, storage)) => (m.into_frozen_base(storage)?, Some(r)),
+        None => (m, None),
+    };
     let (model, params) = match lora {
         None => (m.model.clone(), vars(&m.varmap)),
         Some(r) => {
@@ -195,7 +201,13 @@ fn main() -> Result<()> {
         "gemm" => bench_gemm()?,
         "train" => {
             let lora = arg(&args, "--lora").map(|r| r.parse::<usize>()).transpose().context("--lora R")?;
-            bench_train(&LoadedModel::load(&model, &device)?, lora, steps)?
+            let storage = match arg(&args, "--base-dtype").as_deref() {
+                None | Some("f32") => FrozenStorage::F32,
+                Some("bf16") => FrozenStorage::Bf16,
+                Some("q8_0") => FrozenStorage::Q8_0,
+                Some(other) => anyhow::bail!("--base-dtype {other}: use f32, bf16 or q8_0"),
+            };
+            bench_train(LoadedModel::load(&model, &device)?, lora.map(|r| (r, storage)), steps)?
         }
         _ => bench_sample(&LoadedModel::load(&model, &device)?)?,
     };

@@ -20,6 +20,10 @@ BIN=$(cargo bench --bench runtime --no-run --message-format=json 2>/dev/null \
 # Each measurement in its own process, so peak RSS is the measured work's own.
 echo "== pbrl train step"; "$BIN" train --threads "$T" --steps "$STEPS" --out "$OUT/pbrl_train.json"
 echo "== pytorch train step"; "$VENV/bin/python" scripts/bench_torch.py train --threads "$T" --steps "$STEPS" --pbrl "$OUT/pbrl_train.json" --out "$OUT/torch_train.json"
+# LoRA (r 16, alpha 32, all 7 projections; issue 33's keys): pbrl's adapters on a frozen base,
+# PEFT's on the same shapes.
+echo "== pbrl train step, LoRA"; "$BIN" train --threads "$T" --steps "$STEPS" --lora 16 --out "$OUT/pbrl_train_lora.json"
+echo "== pytorch train step, PEFT LoRA"; "$VENV/bin/python" scripts/bench_torch.py train --threads "$T" --steps "$STEPS" --lora 16 --pbrl "$OUT/pbrl_train.json" --out "$OUT/torch_train_peft.json"
 echo "== pbrl sampling"; "$BIN" sample --threads "$T" --out "$OUT/pbrl_sample.json"
 echo "== hf generate"; "$VENV/bin/python" scripts/bench_torch.py sample --threads "$T" --pbrl "$OUT/pbrl_sample.json" --out "$OUT/torch_sample.json"
 
@@ -46,6 +50,13 @@ common=(--config configs/quickstart.toml --run-dir "$OUT/collect-run" --threads 
   madpo_reference=false keep_best=false eval_split=eval_file)
 echo "== pbrl collect"; measure "$OUT/pbrl_collect.json" target/release/pbrl collect "${common[@]}"
 echo "== pbrl train-madpo"; measure "$OUT/pbrl_madpo.json" target/release/pbrl train-madpo "${common[@]}"
+# The same collect + MADPO with LoRA agents, over an f32 and a q8_0 base.
+for base in f32 q8_0; do
+  rm -rf "$OUT/collect-run-lora-$base"
+  lora=("${common[@]/$OUT\/collect-run/$OUT/collect-run-lora-$base}" agent_lora.r=16 agent_lora.alpha=32 agent_lora.base_dtype="\"$base\"")
+  echo "== pbrl collect, LoRA ($base base)"; measure "$OUT/pbrl_collect_lora_$base.json" target/release/pbrl collect "${lora[@]}"
+  echo "== pbrl train-madpo, LoRA ($base base)"; measure "$OUT/pbrl_madpo_lora_$base.json" target/release/pbrl train-madpo "${lora[@]}"
+done
 echo "== comlrl collect + MADPO on pbrl's round"
 "$VENV/bin/python" scripts/bench_comlrl.py --threads "$T" --round "$OUT/collect-run/preference_replay/iteration_0001.json" \
   --out "$OUT/comlrl.json"
@@ -93,14 +104,18 @@ def machine(gemm):
 
 r = {k: json.load(open(f"{d}/{k}.json")) for k in ["pbrl_train", "torch_train", "pbrl_sample", "torch_sample", "pbrl_collect",
                                                    "pbrl_madpo", "comlrl", "pbrl_fit_rm", "pbrl_train_marlhf",
-                                                   "comlrl_marlhf", "pbrl_iterate", "comlrl_iterate"]}
+                                                   "comlrl_marlhf", "pbrl_iterate", "comlrl_iterate", "pbrl_train_lora",
+                                                   "torch_train_peft", "pbrl_collect_lora_f32", "pbrl_madpo_lora_f32",
+                                                   "pbrl_collect_lora_q8_0", "pbrl_madpo_lora_q8_0"]}
 num_pairs = json.load(open(f"{d}/collect-run/preference_replay/iteration_0001.json"))["num_pairs"]
 report = {
     "sampling_tokens_per_s": {"pbrl": r["pbrl_sample"]["tokens_per_s"], "hf_generate": r["torch_sample"]["tokens_per_s"]},
-    "train_step_s": {"pbrl": r["pbrl_train"]["step_s"], "pytorch": r["torch_train"]["step_s"]},
+    "train_step_s": {"pbrl": r["pbrl_train"]["step_s"], "pytorch": r["torch_train"]["step_s"],
+                     "pbrl_lora": r["pbrl_train_lora"]["step_s"], "pytorch_peft": r["torch_train_peft"]["step_s"]},
     "train_step_phases_s": {k: {p: r[k][p] for p in ["forward_s", "backward_s", "adamw_s"]} for k in ["pbrl_train", "torch_train"]},
     "collect_s": {"pbrl": r["pbrl_collect"]["wall_s"], "comlrl": r["comlrl"]["collect_s"]},
-    "madpo_train_s": {"pbrl": r["pbrl_madpo"]["wall_s"], "comlrl": r["comlrl"]["madpo_train_s"], "num_pairs": num_pairs},
+    "madpo_train_s": {"pbrl": r["pbrl_madpo"]["wall_s"], "comlrl": r["comlrl"]["madpo_train_s"], "num_pairs": num_pairs,
+                      "pbrl_lora": r["pbrl_madpo_lora_f32"]["wall_s"], "pbrl_lora_q8_0": r["pbrl_madpo_lora_q8_0"]["wall_s"]},
     # pbrl: each process's wall time (model loading included); CoMLRL: the phase alone
     "marlhf_rm_s": {"pbrl": r["pbrl_fit_rm"]["wall_s"], "comlrl": r["comlrl_marlhf"]["marlhf_rm_s"]},
     "marlhf_rl_s": {"pbrl": r["pbrl_train_marlhf"]["wall_s"], "comlrl": r["comlrl_marlhf"]["marlhf_rl_s"]},
@@ -109,7 +124,10 @@ report = {
         "train_step": {"pbrl": r["pbrl_train"]["peak_rss_mib"], "pytorch": r["torch_train"]["peak_rss_mib"]},
         # pbrl: the larger of its collect and train-madpo processes; CoMLRL: its one collect + train process
         "madpo_run": {"pbrl": max(r["pbrl_collect"]["peak_rss_mib"], r["pbrl_madpo"]["peak_rss_mib"]),
-                      "comlrl": r["comlrl"]["peak_rss_mib"]},
+                      "comlrl": r["comlrl"]["peak_rss_mib"],
+                      **{f"pbrl_lora{'' if b == 'f32' else '_' + b}": max(r[f"pbrl_collect_lora_{b}"]["peak_rss_mib"],
+                                                                          r[f"pbrl_madpo_lora_{b}"]["peak_rss_mib"])
+                         for b in ("f32", "q8_0")}},
         # pbrl: the largest of its collect, fit-rm and train-marlhf processes; CoMLRL: its one process
         "marlhf_run": {"pbrl": max(r["pbrl_collect"]["peak_rss_mib"], r["pbrl_fit_rm"]["peak_rss_mib"],
                                    r["pbrl_train_marlhf"]["peak_rss_mib"]),
@@ -145,5 +163,12 @@ row("MARLHF RL s (magrpo, 8 items)", report["marlhf_rl_s"], "<= 0.5")
 row("collect + MARLHF peak RSS MiB", m["marlhf_run"], "<= 0.6", 0)
 row("iterative MADPO s (4 items x 2 rounds)", report["madpo_iter_s"], "<= 0.5")
 row("iterative MADPO peak RSS MiB", m["madpo_iter_run"], "<= 0.6", 0)
+# LoRA (issue 33's keys) against the full fine-tunes of the same run.
+print(f"{'LoRA train step s vs PEFT':<40}{t['pbrl_lora']:>10.2f}{t['pytorch_peft']:>10.2f}{t['pbrl_lora']/t['pytorch_peft']:>8.2f}  <= 0.8")
+print(f"{'LoRA train step s vs pbrl full':<40}{t['pbrl_lora']:>10.2f}{t['pbrl']:>10.2f}{t['pbrl_lora']/t['pbrl']:>8.2f}  <= 0.6")
+for key, target in [("pbrl_lora", "<= 0.25"), ("pbrl_lora_q8_0", "<= 0.15")]:
+    row(f"collect + MADPO RSS MiB, {key}", {"pbrl": m["madpo_run"][key], "comlrl": m["madpo_run"]["comlrl"]}, target, 0)
+    mt = report["madpo_train_s"]
+    row(f"MADPO train s, {key}", {"pbrl": mt[key], "comlrl": mt["comlrl"]}, "")
 print(f"report: {d}/report.json")
 PY

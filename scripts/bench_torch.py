@@ -5,6 +5,7 @@ pbrl used (read from pbrl's result file).
   bench_torch.py train  --pbrl target/bench/pbrl_train.json  --out target/bench/torch_train.json
   bench_torch.py sample --pbrl target/bench/pbrl_sample.json --out target/bench/torch_sample.json
   [--model HF_DIR] [--device cuda]   (default: the bundled GGUF on the CPU)
+  [--lora R]   (train: PEFT adapters of rank R, alpha 2R, on every projection of a frozen base)
 
 train: the same B=4x128 rows; forward, completion log-probs (log_softmax + gather, as CoMLRL
 does), the same DPO-style loss, backward, torch.optim.AdamW; median of the steps after a warm-up.
@@ -44,8 +45,14 @@ def sync():
 
 def train(rows, steps):
     model = load()
+    if ARGS.lora:
+        from peft import LoraConfig, get_peft_model
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        cfg = LoraConfig(r=ARGS.lora, lora_alpha=2 * ARGS.lora, lora_dropout=0.0, target_modules=targets,
+                         task_type="CAUSAL_LM")
+        model = get_peft_model(model, cfg)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     ids = torch.tensor([r["prompt"] + r["completion"] for r in rows], device=ARGS.device)
     plen = [len(r["prompt"]) for r in rows]
     mask = torch.zeros(ids.shape[0], ids.shape[1] - 1, device=ARGS.device)
@@ -101,6 +108,7 @@ if __name__ == "__main__":
     ap.add_argument("--threads", type=int, default=int(os.environ.get("THREADS", "2")))
     ap.add_argument("--model", help="a Hugging Face model directory instead of the bundled GGUF")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--lora", type=int, help="train: PEFT LoRA adapters of this rank instead of full fine-tuning")
     a = ARGS = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -108,6 +116,7 @@ if __name__ == "__main__":
     res = train(src["rows"], a.steps) if a.mode == "train" else sample(src["prompt"])
     res["threads"] = a.threads
     res["device"] = a.device
+    res["lora"] = a.lora
     if a.device.startswith("cuda"):
         res["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
     Path(a.out).write_text(json.dumps(res))

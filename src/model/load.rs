@@ -196,8 +196,12 @@ impl LoadedModel {
     /// ([`Self::with_lora`], [`Self::adapter_over`]) share its storage.
     pub fn into_frozen_base(self, storage: FrozenStorage) -> Result<Self> {
         let mut model = self.frozen()?;
-        model.store_frozen(storage).with_context(|| format!("storing the base `{}` as {storage:?}", self.source))?;
-        Ok(Self { model, varmap: VarMap::new(), ..self })
+        // The variables and the module over them go first: each f32 matrix is then freed as
+        // soon as its stored copy exists, so loading peaks near the f32 model, not above it.
+        let Self { model: variables_module, varmap, tokenizer, source, files, lora } = self;
+        drop((variables_module, varmap));
+        model.store_frozen(storage).with_context(|| format!("storing the base `{source}` as {storage:?}"))?;
+        Ok(Self { model, varmap: VarMap::new(), tokenizer, source, files, lora })
     }
 
     /// The module over a `VarMap`'s weights (f32 for real models; tests also build f64 ones).

@@ -116,7 +116,8 @@ fn frozen_bf16_and_q8_0_weights_give_the_f32_product_of_the_stored_values() {
     let probe = random(&[m, n], 32).to_dtype(DType::F32).unwrap();
     let q = Arc::new(QTensor::quantize(&w, GgmlDType::Q8_0).unwrap());
     let bf16 = w.to_dtype(DType::BF16).unwrap();
-    let cases: [(&str, Tensor, &dyn Fn(&Tensor) -> Tensor); 2] = [
+    type Frozen<'a> = &'a dyn Fn(&Tensor) -> Tensor;
+    let cases: [(&str, Tensor, Frozen); 2] = [
         ("bf16", bf16.to_dtype(DType::F32).unwrap(), &|x| linear(x, &bf16).unwrap()),
         ("q8_0", q.dequantize(&Device::Cpu).unwrap(), &|x| quantized_linear(x, &q).unwrap()),
     ];
