@@ -197,3 +197,30 @@ fn a_lora_team_trains_on_a_bf16_base_and_q8_0_names_what_it_cannot_pack() {
     assert!(!o.status.success() && e.contains("model.layers.0.mlp.down_proj has 48 inputs"), "{e}");
     assert!(!e.contains("panicked"), "{e}");
 }
+
+/// `agent_lora.save_merged`: the trained team also saved merged into its base
+/// (`agents_merged/agent_i`, whole Hugging Face directories): each computes the adapter agent's
+/// logits (1e-5), and transformers loads it without PEFT (when the reference venv is present).
+#[test]
+fn a_lora_team_is_also_saved_merged_into_its_base() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d);
+    ok(pbrl(&["collect", "--config", "c.toml"], d));
+    ok(pbrl(&["train-madpo", "--config", "c.toml", "agent_lora.save_merged=true"], d));
+    let ids = [3u32, 8, 5, 9, 12, 4];
+    let base = LoadedModel::load(d.join("tiny").to_str().unwrap(), &Device::Cpu).unwrap();
+    for i in 0..2 {
+        let adapter =
+            LoadedModel::load(d.join(format!("run/agents/agent_{i}")).to_str().unwrap(), &Device::Cpu).unwrap();
+        let merged_dir = d.join(format!("run/agents_merged/agent_{i}"));
+        let merged = LoadedModel::load(merged_dir.to_str().unwrap(), &Device::Cpu).unwrap();
+        assert!(merged.lora.is_none() && merged_dir.join("model.safetensors").is_file(), "a whole model");
+        let want = logits(&adapter, &ids);
+        assert!(common::max_abs_diff(&want, &logits(&base, &ids)) > 1e-6, "the adapters trained");
+        let diff = common::max_abs_diff(&logits(&merged, &ids), &want);
+        assert!(diff < 1e-5, "agent {i}: the merged model's logits differ from the adapter agent's by {diff}");
+        let sampling = pbrl::model::SamplingParams { temperature: 1.0, top_p: 1.0, top_k: None, max_new_tokens: 5 };
+        common::check_export_in_transformers(&merged, &ids, &sampling, 1e-4);
+    }
+}

@@ -84,7 +84,8 @@ pub struct AgentLora {
     /// Dropout on the adapter's input; only 0 is implemented (another value is refused).
     pub dropout: f64,
     /// The projections that get adapters: names among q_proj, k_proj, v_proj, o_proj, gate_proj,
-    /// up_proj, down_proj, or ["all-linear"] for all of them (PEFT's "all-linear").
+    /// up_proj, down_proj, or "all-linear" (or ["all-linear"]) for all of them, as PEFT takes it.
+    #[serde(deserialize_with = "one_or_many")]
     pub target_modules: Vec<String>,
     /// rsLoRA's scale alpha / √r.
     pub use_rslora: bool,
@@ -94,6 +95,24 @@ pub struct AgentLora {
     /// the backward pass is exact for the stored weights; adapters, optimizer state and
     /// activations stay f32.
     pub base_dtype: BaseDType,
+    /// Also write each trained agent merged into its base (PEFT's `merge_and_unload`: the base
+    /// as on disk, in f32, plus s · B A) as a whole Hugging Face directory,
+    /// `<run_dir>/agents_merged/agent_i`, whenever a training stage saves the team.
+    pub save_merged: bool,
+}
+
+/// A list of strings, or one string standing for a list of it (PEFT's `target_modules`).
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
 }
 
 /// `agent_lora.base_dtype`.
@@ -115,6 +134,7 @@ impl Default for AgentLora {
             target_modules: vec!["all-linear".into()],
             use_rslora: false,
             base_dtype: BaseDType::F32,
+            save_merged: false,
         }
     }
 }

@@ -361,6 +361,16 @@ fn an_api_comparator_needs_a_decentralized_team() {
 
 /// `[agent_lora]` from the command line alone: the named keys, the rest of the table's defaults.
 #[test]
+fn agent_lora_target_modules_take_a_string_or_a_list() {
+    let c = load("[agent_lora]\ntarget_modules = \"all-linear\"", &[]).unwrap();
+    assert_eq!(c.agent_lora.unwrap().targets().len(), 7);
+    let c = load("[agent_lora]\ntarget_modules = [\"q_proj\", \"v_proj\"]", &[]).unwrap();
+    assert_eq!(c.agent_lora.unwrap().targets(), ["q_proj", "v_proj"]);
+    let e = load("[agent_lora]\ntarget_modules = 3", &[]).unwrap_err().to_string();
+    assert!(e.contains("target_modules"), "{e}");
+}
+
+#[test]
 fn agent_lora_can_be_set_by_overrides() {
     let c = load("", &["agent_lora.r=16", "agent_lora.alpha=32"]).unwrap();
     let lora = c.agent_lora.expect("the table is set");

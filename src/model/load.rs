@@ -171,6 +171,38 @@ impl LoadedModel {
         })
     }
 
+    /// A LoRA agent merged into a whole model, as PEFT's `merge_and_unload` does: its base
+    /// loaded again as it is on disk (f32, whatever `base_dtype` the agent trained over), then
+    /// `W += s · B A` for every adapted projection. Saved with [`Self::save_hf_dir`], it is a
+    /// Hugging Face directory transformers loads without PEFT.
+    pub fn merged(&self) -> Result<LoadedModel> {
+        let lora = self.lora.as_ref().context("only a LoRA agent can be merged")?;
+        let mut whole = Self::load(&lora.base, self.model.device())
+            .with_context(|| format!("loading the base `{}` to merge into", lora.base))?;
+        {
+            let weights = whole.varmap.data().lock().expect("VarMap lock");
+            let adapters = self.varmap.data().lock().expect("the adapter map's lock");
+            let scaling = lora.spec.scaling();
+            for (name, a) in adapters.iter() {
+                let Some(projection) =
+                    name.strip_prefix("base_model.model.").and_then(|n| n.strip_suffix(".lora_A.weight"))
+                else {
+                    continue;
+                };
+                let b = adapters
+                    .get(&super::lora::peft_name(projection, "lora_B"))
+                    .with_context(|| format!("adapter `{projection}` has A but no B"))?;
+                let w = weights
+                    .get(&format!("{projection}.weight"))
+                    .with_context(|| format!("the base has no `{projection}.weight`"))?;
+                let delta = (b.as_tensor().matmul(a.as_tensor())? * scaling)?.to_dtype(w.dtype())?;
+                w.set(&(w.as_tensor() + delta)?)?;
+            }
+        }
+        whole.tokenizer = self.tokenizer.clone();
+        Ok(whole)
+    }
+
     /// The same model with its weights as plain tensors (no variables, sharing their storage): a
     /// frozen base. Its backward computes no weight gradients (`ops::linear`), so adapters on it
     /// train without weight-sized buffers.

@@ -64,6 +64,10 @@ impl RunDir {
     pub fn agents(&self) -> PathBuf {
         self.root.join("agents")
     }
+    /// The trained LoRA agents merged into their bases (`agent_lora.save_merged`).
+    pub fn agents_merged(&self) -> PathBuf {
+        self.root.join("agents_merged")
+    }
     pub fn agent(&self, i: usize) -> PathBuf {
         self.agents().join(format!("agent_{i}"))
     }

@@ -86,6 +86,22 @@ pub fn save_team_to(
     })
 }
 
+/// The LoRA team saved in `run`'s `agents/`, each agent merged into its base
+/// ([`LoadedModel::merged`]), saved whole in `agents_merged/`, all or nothing.
+pub fn save_merged_team(run: &RunDir, sampling: &[SamplingParams]) -> Result<()> {
+    let dirs = saved_team(&run.agents(), sampling.len())?
+        .with_context(|| format!("{} holds no saved team to merge", run.agents().display()))?;
+    let merged = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, dir)| {
+            let agent = LoadedModel::load(&dir.display().to_string(), &candle_core::Device::Cpu)?;
+            agent.merged().with_context(|| format!("merging agent {i}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    save_team_to(&run.agents_merged(), &merged.iter().collect::<Vec<_>>(), sampling, None)
+}
+
 /// Put a copy of the saved team in `from` (a whole one: it has its manifest) at `target`, all or
 /// nothing: keep-best's best agents becoming the run's `agents/`.
 pub fn copy_team(from: &Path, target: &Path) -> Result<()> {

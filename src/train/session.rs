@@ -30,7 +30,7 @@ use crate::progress;
 use crate::rng::{derive_seed, purpose};
 use crate::run::checkpoint::{self, EvalPoint, Progress};
 use crate::run::fingerprint::Fingerprint;
-use crate::run::team::{copy_team, save_team, save_team_to};
+use crate::run::team::{copy_team, save_merged_team, save_team, save_team_to};
 use crate::run::RunDir;
 use crate::task::TaskItem;
 use crate::team::{check_fits, Agent};
@@ -378,6 +378,9 @@ impl<'a> Session<'a> {
         let use_best = self.cfg.keep_best && best.is_some_and(|b| Some(b.update) != final_eval.map(|f| f.update));
         if self.team.is_some() {
             self.save_team(use_best)?;
+            if self.cfg.agent_lora.as_ref().is_some_and(|l| l.save_merged) {
+                save_merged_team(self.run_dir, &self.cfg.sampling())?;
+            }
         }
         let summary = TrainingSummary {
             stage: self.stage.into(),
