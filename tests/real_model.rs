@@ -197,3 +197,44 @@ fn logits_of(m: &LoadedModel, ids: &[u32]) -> Tensor {
     let b = PaddedBatch::new(&[ids.to_vec()], 0, Padding::Right, m.model.device()).unwrap();
     m.model.forward(&b.ids, &b.positions, &b.bias, None, Mode::Infer).unwrap()
 }
+
+/// A LoRA agent over the GGUF (adapters on every projection, seeded nonzero values) saved as a
+/// PEFT adapter: PEFT loads it over transformers' reading of the same GGUF and computes pbrl's
+/// logits (1e-3, as the 30-layer model's logits test), so adapters trained over a GGUF are in
+/// the Hugging Face layout (pbrl undoes llama.cpp's q/k row order at load, as transformers does).
+#[test]
+fn a_lora_agent_over_the_gguf_loads_in_peft() {
+    use pbrl::model::lora::{LoraSpec, ALL_LINEAR};
+    let Some(py) = common::ref_python() else {
+        eprintln!("skipped: PBRL_REF_PYTHON is not set (scripts/test.sh sets it when the baseline venv exists)");
+        return;
+    };
+    let base = load();
+    let spec = LoraSpec { r: 4, alpha: 8.0, target_modules: ALL_LINEAR.map(String::from).to_vec(), use_rslora: false };
+    let agent = LoadedModel::with_lora(&base, &spec, 3).unwrap();
+    let mut vars: Vec<(String, candle_core::Var)> =
+        agent.varmap.data().lock().unwrap().iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    for (i, (_, var)) in vars.iter().enumerate() {
+        var.set(&common::random_like(var.as_tensor(), 90 + i as u64).affine(0.02, 0.0).unwrap()).unwrap();
+    }
+    let ids = agent.tokenizer.encode("The sea is wide and calm at dawn.").unwrap();
+    let logits = logits_of(&agent, &ids);
+    assert!(common::max_abs_diff(&logits, &logits_of(&base, &ids)) > 1e-3, "the adapters change the logits");
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("agent_0");
+    agent.save_hf_dir(&dir, None).unwrap();
+    let case = d.path().join("case.safetensors");
+    let ids_t = Tensor::new(&ids[..], &Device::Cpu).unwrap().to_dtype(candle_core::DType::I64).unwrap().unsqueeze(0).unwrap();
+    candle_core::safetensors::save(&[("ids".to_string(), ids_t), ("logits".to_string(), logits)].into_iter().collect(), &case)
+        .unwrap();
+    let o = std::process::Command::new(py)
+        .arg(common::repo().join("scripts/check_adapter.py"))
+        .args([dir.as_os_str(), case.as_os_str()])
+        .arg("1e-3")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "PEFT on the adapter over the GGUF: {out}{}", String::from_utf8_lossy(&o.stderr));
+    eprintln!("PEFT on the adapter over the GGUF: {}", out.trim());
+}
