@@ -225,9 +225,13 @@ fn a_lora_agent_over_the_gguf_loads_in_peft() {
     let dir = d.path().join("agent_0");
     agent.save_hf_dir(&dir, None).unwrap();
     let case = d.path().join("case.safetensors");
-    let ids_t = Tensor::new(&ids[..], &Device::Cpu).unwrap().to_dtype(candle_core::DType::I64).unwrap().unsqueeze(0).unwrap();
-    candle_core::safetensors::save(&[("ids".to_string(), ids_t), ("logits".to_string(), logits)].into_iter().collect(), &case)
-        .unwrap();
+    let ids_t =
+        Tensor::new(&ids[..], &Device::Cpu).unwrap().to_dtype(candle_core::DType::I64).unwrap().unsqueeze(0).unwrap();
+    candle_core::safetensors::save(
+        &[("ids".to_string(), ids_t), ("logits".to_string(), logits)].into_iter().collect(),
+        &case,
+    )
+    .unwrap();
     let o = std::process::Command::new(py)
         .arg(common::repo().join("scripts/check_adapter.py"))
         .args([dir.as_os_str(), case.as_os_str()])

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# LoRA agents against full fine-tuning on the quickstart (docs/lora-study.md): per seed, the
+# shipped config's base eval and round (`collect`: fresh adapters leave the base's logits as
+# they are, so the round is the full agents' round), then `train-madpo` twice on copies of that
+# run directory, full and LoRA (r 16, alpha 32, all projections, the LoRA learning rate LR),
+# each followed by `eval` of the saved agents. 1 thread per job; run seeds as parallel jobs.
+#   scripts/study/lora_study.sh SEED [LR]      (default LR 1e-4; DIR, default /tmp/lora-study)
+# Then: python3 scripts/study/study_summary.py lora DIR SEED...
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SEED=$1; LR=${2:-1e-4}
+DIR=${DIR:-/tmp/lora-study}
+source scripts/study/study-common.sh
+run() { # run NAME STAGE ARGS...
+  local d=$DIR/$1 stage=$2; shift 2
+  echo "$1 $stage $(timed "$DIR/$(basename $d).$stage.log" nice "$PBRL" "$stage" --config configs/quickstart.toml \
+    --threads 1 --run-dir "$d" seed="$SEED" "$@")" >> "$DIR/times"
+}
+base=base-s$SEED
+[ -f "$DIR/$base/preference_replay/iteration_0001.json" ] || { run $base eval; run $base collect; }
+lora=(agent_lora.r=16 agent_lora.alpha=32 agent_learning_rate="$LR")
+for variant in full lora; do
+  d=$variant-s$SEED; [ $variant = lora ] && d=lora-lr$LR-s$SEED
+  rm -rf "${DIR:?}/$d"; mkdir -p "$DIR/$d"
+  cp -r "$DIR/$base/preference_replay" "$DIR/$base/eval" "$DIR/$d/"
+  extra=(); [ $variant = lora ] && extra=("${lora[@]}")
+  run "$d" train-madpo "${extra[@]}"
+  run "$d" eval "${extra[@]}"
+done

@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""The LoRA study's table (scripts/study/lora_study.sh): per seed, the paired gains of the full
+and the LoRA agents over the base (eval reports: the first of a run directory is the base team's,
+the last its saved agents'), their paired difference, and the mean ± s.e. over seeds.
+
+  lora_summary.py DIR [LR]      (default LR 1e-4)
+"""
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from study_summary import per_prompt  # noqa: E402
+
+
+def mean_se(x):
+    n = len(x)
+    m = sum(x) / n
+    return m, (math.sqrt(sum((v - m) ** 2 for v in x) / (n - 1) / n) if n > 1 else 0.0)
+
+
+def main(root, lr):
+    gains = {"full": [], "lora": [], "lora - full": []}
+    for full in sorted(root.glob("full-s*")):
+        seed = full.name.split("-s")[-1]
+        lora = root / f"lora-lr{lr}-s{seed}"
+        reports = [sorted((d / "eval").glob("*.json")) for d in (full, lora)]
+        if any(len(r) < 2 for r in reports):
+            print(f"seed {seed}: incomplete")
+            continue
+        base, _ = per_prompt(reports[0][0])
+        after = [per_prompt(r[-1])[0] for r in reports]
+        rows = {"full": mean_se([after[0][k] - base[k] for k in base]),
+                "lora": mean_se([after[1][k] - base[k] for k in base]),
+                "lora - full": mean_se([after[1][k] - after[0][k] for k in base])}
+        print(f"seed {seed}: base {sum(base.values()) / len(base):.3f}  "
+              + "  ".join(f"{k} {m:+.3f} ± {s:.3f}" for k, (m, s) in rows.items()))
+        for k, (m, _) in rows.items():
+            gains[k].append(m)
+    if len(gains["full"]) > 1:
+        print(f"over {len(gains['full'])} seeds: "
+              + "  ".join(f"{k} {m:+.3f} ± {s:.3f}" for k, (m, s) in ((k, mean_se(v)) for k, v in gains.items())))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "1e-4")
