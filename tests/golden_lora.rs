@@ -120,12 +120,7 @@ fn a_bf16_or_q8_0_base_trains_adapters_as_its_stored_values_do() {
     let run = |base: LoadedModel, storage: FrozenStorage| {
         let base = base.into_frozen_base(storage).unwrap();
         let agent = LoadedModel::with_lora(&base, &spec, 3).unwrap();
-        let mut vars: Vec<(String, candle_core::Var)> =
-            agent.varmap.data().lock().unwrap().iter().map(|(n, v)| (n.clone(), v.clone())).collect();
-        vars.sort_by(|a, b| a.0.cmp(&b.0));
-        for (i, (_, var)) in vars.iter().enumerate() {
-            var.set(&common::random_like(var.as_tensor(), 50 + i as u64).affine(0.3, 0.0).unwrap()).unwrap();
-        }
+        let vars = common::set_vars_random(&agent.varmap, 50, 0.3);
         let y = logits(&agent.model, &ids, Mode::Train);
         let probe = common::random_like(&y, 60);
         let grads = (&y * probe).unwrap().sum_all().unwrap().backward().unwrap();

@@ -162,12 +162,7 @@ fn a_bf16_or_q8_0_smollm2_base_stays_close_to_the_f32_base() {
     let run = |storage: FrozenStorage| {
         let base = load().into_frozen_base(storage).unwrap();
         let agent = LoadedModel::with_lora(&base, &spec, 3).unwrap();
-        let mut vars: Vec<(String, candle_core::Var)> =
-            agent.varmap.data().lock().unwrap().iter().map(|(n, v)| (n.clone(), v.clone())).collect();
-        vars.sort_by(|a, b| a.0.cmp(&b.0));
-        for (i, (_, var)) in vars.iter().enumerate() {
-            var.set(&common::random_like(var.as_tensor(), 70 + i as u64).affine(0.05, 0.0).unwrap()).unwrap();
-        }
+        let vars = common::set_vars_random(&agent.varmap, 70, 0.05);
         let rows = std::slice::from_ref(&row);
         let lp = sequence_log_probs(&agent.model, rows, LastToken::Include, 0, Mode::Train).unwrap();
         let grads = lp.sum_all().unwrap().backward().unwrap();
@@ -212,12 +207,7 @@ fn a_lora_agent_over_the_gguf_loads_in_peft() {
     let base = load();
     let spec = LoraSpec { r: 4, alpha: 8.0, target_modules: ALL_LINEAR.map(String::from).to_vec(), use_rslora: false };
     let agent = LoadedModel::with_lora(&base, &spec, 3).unwrap();
-    let mut vars: Vec<(String, candle_core::Var)> =
-        agent.varmap.data().lock().unwrap().iter().map(|(n, v)| (n.clone(), v.clone())).collect();
-    vars.sort_by(|a, b| a.0.cmp(&b.0));
-    for (i, (_, var)) in vars.iter().enumerate() {
-        var.set(&common::random_like(var.as_tensor(), 90 + i as u64).affine(0.02, 0.0).unwrap()).unwrap();
-    }
+    common::set_vars_random(&agent.varmap, 90, 0.02);
     let ids = agent.tokenizer.encode("The sea is wide and calm at dawn.").unwrap();
     let logits = logits_of(&agent, &ids);
     assert!(common::max_abs_diff(&logits, &logits_of(&base, &ids)) > 1e-3, "the adapters change the logits");

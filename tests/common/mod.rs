@@ -189,3 +189,16 @@ pub fn check_export_in_transformers(
     eprintln!("transformers on the export: {report}");
     Some(report)
 }
+
+/// A model's variables in name order (a `VarMap` iterates in no fixed order), each set to
+/// seeded values in [-scale, scale) (`seed`, `seed + 1`, ... in that order): adapters that
+/// change the model, the same on every run.
+pub fn set_vars_random(varmap: &candle_nn::VarMap, seed: u64, scale: f64) -> Vec<(String, candle_core::Var)> {
+    let mut vars: Vec<(String, candle_core::Var)> =
+        varmap.data().lock().unwrap().iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    for (i, (_, var)) in vars.iter().enumerate() {
+        var.set(&random_like(var.as_tensor(), seed + i as u64).affine(scale, 0.0).unwrap()).unwrap();
+    }
+    vars
+}
