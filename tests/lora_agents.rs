@@ -49,6 +49,7 @@ fn a_lora_team_trains_its_adapters_and_saves_peft_adapters() {
     for i in 0..2 {
         let agent = d.join(format!("run/agents/agent_{i}"));
         assert!(!agent.join("model.safetensors").exists(), "an adapter, not a whole model");
+        assert!(agent.join("tokenizer_config.json").is_file(), "the tokenizer's config beside the adapter");
         let config: serde_json::Value =
             serde_json::from_slice(&std::fs::read(agent.join("adapter_config.json")).unwrap()).unwrap();
         assert_eq!((config["peft_type"].as_str(), config["r"].as_u64()), (Some("LORA"), Some(4)));

@@ -214,6 +214,11 @@ fn a_lora_agent_over_the_gguf_loads_in_peft() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().join("agent_0");
     agent.save_hf_dir(&dir, None).unwrap();
+    // The adapter directory carries the chat template (a GGUF has no tokenizer_config.json of its
+    // own), so `AutoTokenizer` on it formats prompts as pbrl does.
+    let tokenizer_config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("tokenizer_config.json")).unwrap()).unwrap();
+    assert!(tokenizer_config["chat_template"].as_str().is_some_and(|t| t.contains("im_start")));
     let case = d.path().join("case.safetensors");
     let ids_t =
         Tensor::new(&ids[..], &Device::Cpu).unwrap().to_dtype(candle_core::DType::I64).unwrap().unsqueeze(0).unwrap();

@@ -269,16 +269,22 @@ impl LoadedModel {
         Ok(())
     }
 
-    /// A LoRA agent's directory: the PEFT adapter and the tokenizer (so the directory alone
-    /// tells what text the agent reads).
+    /// A LoRA agent's directory: the PEFT adapter and the tokenizer with its chat template (so
+    /// the directory alone tells what text the agent reads, and `AutoTokenizer` loads it), as
+    /// a whole model's export writes them.
     fn write_adapter_files(&self, tmp: &Path, lora: &LoraAgent) -> Result<()> {
         lora.save(tmp, &self.varmap)?;
         self.tokenizer
             .tokenizer
             .save(tmp.join("tokenizer.json"), false)
             .map_err(|e| anyhow::anyhow!("saving tokenizer.json: {e}"))?;
-        if let Some(v) = &self.files.tokenizer_config_json {
-            std::fs::write(tmp.join("tokenizer_config.json"), serde_json::to_vec_pretty(v)?)?;
+        let config = match &self.files.tokenizer_config_json {
+            Some(v) => v.clone(),
+            None => self.tokenizer.tokenizer_config_json(),
+        };
+        std::fs::write(tmp.join("tokenizer_config.json"), serde_json::to_vec_pretty(&config)?)?;
+        if let Some(t) = &self.files.chat_template_jinja {
+            std::fs::write(tmp.join("chat_template.jinja"), t).context("writing chat_template.jinja")?;
         }
         new_file_modes(tmp)
     }
