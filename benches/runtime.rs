@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use candle_core::Var;
 use candle_nn::VarMap;
 use pbrl::model::linear::FrozenStorage;
-use pbrl::model::lora::{attach, LoraSpec, ALL_LINEAR};
+use pbrl::model::lora::{LoraSpec, ALL_LINEAR};
 use pbrl::model::sampling::{sample, SampleRequest, SamplingParams};
 use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
 use pbrl::model::{LoadedModel, Mode};
@@ -83,23 +83,17 @@ fn bench_train(m: LoadedModel, lora: Option<(usize, FrozenStorage)>, steps: usiz
     let vars = |map: &VarMap| -> Vec<(String, Var)> {
         map.data().lock().expect("lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     };
-    // Full fine-tuning trains every weight; with --lora R, adapters of rank R (alpha 2R) on every
-    // projection of a frozen base (its weights plain tensors, sharing the loaded storage).
-    let adapters = VarMap::new();
-    let (m, lora) = match lora {
-        Some((r, storage)) => (m.into_frozen_base(storage)?, Some(r)),
-        None => (m, None),
-    };
-    let (model, params) = match lora {
-        None => (m.model.clone(), vars(&m.varmap)),
-        Some(r) => {
-            let mut base = m.frozen()?;
+    // Full fine-tuning trains every weight; with --lora R, a LoRA agent as pbrl builds one:
+    // adapters of rank R (alpha 2R) on every projection of the frozen base, stored as asked.
+    let m = match lora {
+        Some((r, storage)) => {
             let targets = ALL_LINEAR.map(String::from).to_vec();
             let spec = LoraSpec { r, alpha: 2.0 * r as f64, target_modules: targets, use_rslora: false };
-            attach(&mut base.backbone, &spec, &adapters, 0)?;
-            (base, vars(&adapters))
+            LoadedModel::with_lora(&m.into_frozen_base(storage)?, &spec, 0)?
         }
+        None => m,
     };
+    let (model, params) = (m.model.clone(), vars(&m.varmap));
     let model = &model;
     let mut opt = AdamW::new(params, AdamWConfig::torch_defaults(1e-6))?;
     let beta = 0.1;

@@ -164,8 +164,7 @@ fn stages_run_on_the_gpu() {
     assert!(first.num_pairs > 0, "a round of pairs was collected");
     assert_eq!(first, round("again"), "same seed, same pairs on the GPU");
     ok(pbrl(&["train-madpo", "--config", "c.toml"], d));
-    let l = common::metric_values(&d.join("run"), "madpo/loss");
-    assert!(l.len() >= 4 && l[l.len() - 2..].iter().sum::<f64>() < l[..2].iter().sum::<f64>(), "loss falls: {l:?}");
+    common::assert_madpo_loss_falls(&d.join("run"));
     // eval loads the trained agents onto the GPU.
     let o = ok(pbrl(&["eval", "--config", "c.toml"], d));
     assert!(String::from_utf8_lossy(&o.stdout).contains("eval/turn_1/reward_mean"));
@@ -179,12 +178,11 @@ fn a_lora_team_runs_on_the_gpu() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     gpu_run_setup(d, "[agent_lora]\nr = 4\nalpha = 8.0\ntarget_modules = [\"all-linear\"]\n");
-    let mh = ["num_generations=3", "rollout_buffer_size=2", "reward_train_batch_size=2", "reward_eval_fraction=0"];
+    let mh = common::SMALL_MARLHF;
     for stage in ["collect", "train-madpo", "fit-rm", "train-marlhf", "eval"] {
         ok(pbrl(&[&[stage, "--config", "c.toml"][..], &mh].concat(), d));
     }
-    let l = common::metric_values(&d.join("run"), "madpo/loss");
-    assert!(l.len() >= 4 && l[l.len() - 2..].iter().sum::<f64>() < l[..2].iter().sum::<f64>(), "loss falls: {l:?}");
+    common::assert_madpo_loss_falls(&d.join("run"));
     let agent = d.join("run/agents/agent_1");
     let (c, g) = (
         LoadedModel::load(agent.to_str().unwrap(), &Device::Cpu).unwrap(),

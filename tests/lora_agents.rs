@@ -111,7 +111,7 @@ fn marlhf_and_iterate_train_lora_teams() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     setup(d);
-    let mh = ["num_generations=3", "rollout_buffer_size=2", "reward_train_batch_size=2", "reward_eval_fraction=0"];
+    let mh = common::SMALL_MARLHF;
     ok(pbrl(&[&["collect", "--config", "c.toml"][..], &mh].concat(), d));
     ok(pbrl(&[&["fit-rm", "--config", "c.toml"][..], &mh].concat(), d));
     ok(pbrl(&[&["train-marlhf", "--config", "c.toml"][..], &mh].concat(), d));
@@ -180,7 +180,7 @@ fn a_lora_team_trains_on_a_bf16_base_and_q8_0_names_what_it_cannot_pack() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     setup(d);
-    let mh = ["num_generations=3", "rollout_buffer_size=2", "reward_train_batch_size=2", "reward_eval_fraction=0"];
+    let mh = common::SMALL_MARLHF;
     for stage in ["collect", "train-madpo", "fit-rm", "train-marlhf"] {
         ok(pbrl(
             &[&[stage, "--config", "c.toml", "agent_lora.base_dtype=\"bf16\"", "reference_kl_enabled=true"][..], &mh]

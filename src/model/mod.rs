@@ -10,6 +10,7 @@ pub mod linear;
 pub mod load;
 pub mod lora;
 pub mod ops;
+pub mod readers;
 pub mod rope;
 pub mod sampling;
 pub mod scoring;

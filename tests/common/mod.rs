@@ -202,3 +202,14 @@ pub fn set_vars_random(varmap: &candle_nn::VarMap, seed: u64, scale: f64) -> Vec
     }
     vars
 }
+
+/// Small MARLHF settings for the tiny-model tests (3 generations, 2 items per update, a reward
+/// model fit on every pair), as `key=value` overrides.
+pub const SMALL_MARLHF: [&str; 4] =
+    ["num_generations=3", "rollout_buffer_size=2", "reward_train_batch_size=2", "reward_eval_fraction=0"];
+
+/// The mean of the last two logged MADPO losses of `run` is below that of the first two.
+pub fn assert_madpo_loss_falls(run: &Path) {
+    let l = metric_values(run, "madpo/loss");
+    assert!(l.len() >= 4 && l[l.len() - 2..].iter().sum::<f64>() < l[..2].iter().sum::<f64>(), "loss falls: {l:?}");
+}

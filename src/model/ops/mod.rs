@@ -187,19 +187,13 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// quantized blocks stay in memory, also in the autograd graph.
 struct QuantizedLinear(Arc<QTensor>);
 
-impl QuantizedLinear {
-    fn dequantized(&self, device: &candle_core::Device) -> Result<Tensor> {
-        self.0.dequantize(device)
-    }
-}
-
 impl CustomOp1 for QuantizedLinear {
     fn name(&self) -> &'static str {
         "quantized-linear"
     }
 
     fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout) -> Result<(CpuStorage, Shape)> {
-        let w = self.dequantized(&candle_core::Device::Cpu)?;
+        let w = self.0.dequantize(&candle_core::Device::Cpu)?;
         let (storage, lw) = w.storage_and_layout();
         let Storage::Cpu(w) = &*storage else {
             candle_core::bail!("quantized-linear: a CPU input, a weight elsewhere")
@@ -209,7 +203,7 @@ impl CustomOp1 for QuantizedLinear {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, x: &candle_core::CudaStorage, lx: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
-        let w = self.dequantized(&candle_core::Device::Cuda(x.device().clone()))?;
+        let w = self.0.dequantize(&candle_core::Device::Cuda(x.device().clone()))?;
         let (storage, lw) = w.storage_and_layout();
         let Storage::Cuda(w) = &*storage else {
             candle_core::bail!("quantized-linear: a CUDA input, a weight elsewhere")
@@ -218,7 +212,7 @@ impl CustomOp1 for QuantizedLinear {
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
-        x.track_op().then(|| g.apply_op2_no_bwd(&self.dequantized(g.device())?, &MatMul)).transpose()
+        x.track_op().then(|| g.apply_op2_no_bwd(&self.0.dequantize(g.device())?, &MatMul)).transpose()
     }
 }
 
