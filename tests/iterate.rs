@@ -137,6 +137,14 @@ fn history_and_model_comparators() {
     argv.push(args[1]);
     let o = ok(pbrl(&argv, d));
     assert!(stdout(&o).contains("round 1:"));
+    // The model comparator stored in bf16 (`frozen_dtype`); q8_0 cannot pack the tiny model.
+    argv[4] = "mb";
+    let o = ok(pbrl(&[&argv[..], &["frozen_dtype=\"bf16\""]].concat(), d));
+    assert!(stdout(&o).contains("round 1:"));
+    argv[4] = "mq";
+    let o = pbrl(&[&argv[..], &["frozen_dtype=\"q8_0\""]].concat(), d);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.code() == Some(2) && e.contains("comparator") && e.contains("frozen_dtype"), "{e}");
     // A centralized comparator (the current agent 1 writing both roles in the tagged prompt): the
     // tiny model writes no tags, so every reply counts as unparsed and scores as empty roles.
     let argv = ["iterate", "--config", "c.toml", "--run-dir", "c", "num_iterations=1", "comparator_policy=current"];

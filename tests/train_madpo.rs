@@ -125,6 +125,44 @@ fn anchored_madpo_starts_at_ln2_and_resumes_exactly() {
     assert!(err.contains("belongs to another training run") && err.contains("dpo_beta"), "{err}");
 }
 
+/// `frozen_dtype` stores a reference loaded from weights (`reference_model_name`) in bf16: its
+/// log-probs are the f32 reference's within bf16's rounding, yet not the same numbers; q8_0 is
+/// refused for a model whose inputs it cannot pack, naming the key and the projection.
+#[test]
+fn frozen_dtype_stores_a_reference_model_in_bf16() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "madpo_reference = true");
+    copy_round(d, "bf16");
+    copy_round(d, "q8");
+    let reference = format!("reference_model_name=\"{}\"", d.join("tiny").display());
+    let train = |run: &str, dtype: &str| {
+        pbrl(&["train-madpo", "--config", "c.toml", "--run-dir", run, "num_train_epochs=1", &reference, dtype], d)
+    };
+    ok(train("run", "frozen_dtype=\"f32\""));
+    ok(train("bf16", "frozen_dtype=\"bf16\""));
+    let sums = |run: &str| -> Vec<f64> {
+        let file: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(d.join(run).join("madpo_reference.json")).unwrap()).unwrap();
+        let agents = file["log_probs"].as_array().unwrap();
+        agents
+            .iter()
+            .flat_map(|pairs| pairs.as_array().unwrap().iter())
+            .flat_map(|p| [p["winner"]["sum"].as_f64().unwrap(), p["loser"]["sum"].as_f64().unwrap()])
+            .collect()
+    };
+    let (f32_sums, bf16_sums) = (sums("run"), sums("bf16"));
+    assert_eq!(f32_sums.len(), bf16_sums.len());
+    assert!(f32_sums.iter().zip(&bf16_sums).any(|(a, b)| a != b), "bf16 storage changed nothing");
+    for (a, b) in f32_sums.iter().zip(&bf16_sums) {
+        assert!((a - b).abs() <= 2e-2 * a.abs().max(1.0), "f32 {a} against bf16 {b}");
+    }
+    let o = train("q8", "frozen_dtype=\"q8_0\"");
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("frozen_dtype") && e.contains("has 48 inputs"), "{e}");
+}
+
 /// `eval_split` holds train items out of collection; `keep_best` evaluates on them and saves the
 /// best agents, reporting the best and the final evaluation; the drift diagnostics are logged
 /// and plotted.

@@ -60,6 +60,7 @@ impl Default for Config {
             reference_kl_enabled: false,
             reference_kl_coef: 0.1,
             reference_devices: None,
+            frozen_dtype: None,
             preference_num_candidates: 80,
             preference_pairs_per_sample: Some(16),
             pair_selection: "reward_gap".into(),

@@ -201,6 +201,12 @@ pub struct Config {
     pub reference_kl_coef: f64,
     /// Where the frozen references live (default: the actors' devices).
     pub reference_devices: Option<DeviceSpec>,
+    /// How roles that only read weights store them when pbrl loads them from a model source:
+    /// anchored MADPO's `reference_model_name`, `train-marlhf`'s KL reference and `iterate`'s
+    /// comparators loaded from weights (`model`, `history`, `current_copy` on other devices).
+    /// "f32" (exact; the default), "bf16" or "q8_0", stored and read as `agent_lora.base_dtype`
+    /// says. A role served over a LoRA agent's base in memory keeps that base's storage.
+    pub frozen_dtype: Option<BaseDType>,
     /// Joint responses sampled per train item when collecting (>= 2).
     pub preference_num_candidates: i64,
     /// Pairs kept per item, in `pair_selection` order ("none": all; must be "none" with `pair_selection

@@ -115,7 +115,7 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D:
     })
 }
 
-/// `agent_lora.base_dtype`.
+/// How frozen weights are stored: `agent_lora.base_dtype`, `frozen_dtype`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BaseDType {

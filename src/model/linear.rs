@@ -71,7 +71,7 @@ impl Linear {
             FrozenStorage::Q8_0 => {
                 let (inp, _) = self.dims();
                 if inp % GgmlDType::Q8_0.block_size() != 0 {
-                    bail!("base_dtype \"q8_0\" packs rows in blocks of 32: {name} has {inp} inputs");
+                    bail!("\"q8_0\" packs rows in blocks of 32: {name} has {inp} inputs");
                 }
                 Weight::Quantized(Arc::new(QTensor::quantize(w, GgmlDType::Q8_0)?))
             }

@@ -224,10 +224,47 @@ impl LoadedModel {
         }
     }
 
+    /// The name of the first weight variable (in name order) with a NaN or infinite value.
+    pub fn first_non_finite_weight(&self) -> Result<Option<String>> {
+        let data = self.varmap.data().lock().expect("VarMap lock");
+        let mut names: Vec<&String> = data.keys().collect();
+        names.sort();
+        for name in names {
+            let t = data[name].as_tensor().to_dtype(DType::F32)?;
+            let sum = t.sum_all()?.to_scalar::<f32>()?;
+            let max = t.abs()?.max_all()?.to_scalar::<f32>()?;
+            if sum.is_nan() || !max.is_finite() {
+                return Ok(Some(name.clone()));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A model that is only read (a reference policy, a comparator): a whole model stored as
+    /// `storage` says ([`Self::into_frozen_base`]), or a LoRA adapter over its base so stored.
+    pub fn load_frozen(source: &str, device: &Device, storage: FrozenStorage) -> Result<Self> {
+        if Path::new(source).join(ADAPTER_CONFIG).is_file() {
+            let agent = LoraAgent::read(Path::new(source))?;
+            let base = Self::load(&agent.base, device)
+                .and_then(|b| b.into_frozen_base(storage))
+                .with_context(|| format!("loading the base of the LoRA adapter `{source}`"))?;
+            return Self::adapter_over(&base, source, &agent.spec);
+        }
+        let model = Self::load(source, device)?;
+        match storage {
+            FrozenStorage::F32 => Ok(model),
+            _ => model.into_frozen_base(storage),
+        }
+    }
+
     /// This model as the frozen base of LoRA agents: no variables, its matrices stored as
     /// `storage` says (the f32 variables dropped once converted). The agents built on it
-    /// ([`Self::with_lora`], [`Self::adapter_over`]) share its storage.
+    /// ([`Self::with_lora`], [`Self::adapter_over`]) share its storage. A non-finite weight is
+    /// refused here, while it is still a variable that can be named.
     pub fn into_frozen_base(self, storage: FrozenStorage) -> Result<Self> {
+        if let Some(name) = self.first_non_finite_weight()? {
+            bail!("weight `{name}` of `{}` has non-finite values (NaN or infinite); refusing to use it", self.source);
+        }
         let mut model = self.frozen()?;
         // The variables and the module over them go first: each f32 matrix is then freed as
         // soon as its stored copy exists, so loading peaks near the f32 model, not above it.

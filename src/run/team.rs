@@ -23,7 +23,7 @@ pub struct TeamManifest {
 /// Refuse weights that are not all finite: a NaN model (`what`: "agent 0", "the reward model")
 /// is never saved.
 pub fn check_finite(what: &str, m: &LoadedModel) -> Result<()> {
-    if let Some(name) = first_non_finite_weight(m)? {
+    if let Some(name) = m.first_non_finite_weight()? {
         bail!("{what}: weight `{name}` has non-finite values; nothing was saved (what was saved before is kept)");
     }
     Ok(())
@@ -32,26 +32,10 @@ pub fn check_finite(what: &str, m: &LoadedModel) -> Result<()> {
 /// Refuse a model just loaded (`what`: where it came from) with a NaN or infinite weight: it
 /// would sample or score something, and every number after it would be wrong.
 pub fn refuse_non_finite(what: &str, m: &LoadedModel) -> Result<()> {
-    if let Some(name) = first_non_finite_weight(m)? {
+    if let Some(name) = m.first_non_finite_weight()? {
         bail!("{what}: weight `{name}` has non-finite values (NaN or infinite); refusing to use it");
     }
     Ok(())
-}
-
-/// The name of the first weight (in name order) with a NaN or infinite value.
-fn first_non_finite_weight(m: &LoadedModel) -> Result<Option<String>> {
-    let data = m.varmap.data().lock().expect("VarMap lock");
-    let mut names: Vec<&String> = data.keys().collect();
-    names.sort();
-    for name in names {
-        let t = data[name].as_tensor().to_dtype(candle_core::DType::F32)?;
-        let sum = t.sum_all()?.to_scalar::<f32>()?;
-        let max = t.abs()?.max_all()?.to_scalar::<f32>()?;
-        if sum.is_nan() || !max.is_finite() {
-            return Ok(Some(name.clone()));
-        }
-    }
-    Ok(None)
 }
 
 /// Save every actor as `agents/agent_i` (Hugging Face directories with the run's sampling

@@ -16,7 +16,7 @@ use super::{Agents, Centralized, ResponseSource, TeamSource, Writer};
 use crate::config::{ComparatorPolicy, Config, DeviceSpec};
 use crate::run::team::{saved_team, MANIFEST};
 use crate::run::RunDir;
-use crate::team::{load_as, Agent};
+use crate::team::{frozen_storage, load_as, Agent};
 
 /// The comparator of round `round` of a team.
 pub fn build<'a>(
@@ -30,7 +30,7 @@ pub fn build<'a>(
         None => DeviceSpec::resolve(cfg.agent_devices.as_ref(), team.len(), "agent_devices")?,
     };
     let load = |sources: &[String]| -> Result<Agents<'a>> {
-        Ok(Agents::Owned(load_as(team, sources, &devices, "comparator")?))
+        Ok(Agents::Owned(load_as(team, sources, &devices, frozen_storage(cfg.frozen_dtype), "comparator")?))
     };
     let agent_devices = DeviceSpec::resolve(cfg.agent_devices.as_ref(), team.len(), "agent_devices")?;
     let agents = match &cfg.modes.comparator {

@@ -136,12 +136,28 @@ pub enum Members {
 /// prompts (`what` names the sources in errors).
 pub fn load_reference_team(cfg: &Config, team: &[Agent], sources: &[String], what: &str) -> Result<Vec<Agent>> {
     let devices = DeviceSpec::resolve(cfg.reference_devices.as_ref(), team.len(), "reference_devices")?;
-    load_as(team, sources, &devices, what)
+    load_as(team, sources, &devices, frozen_storage(cfg.frozen_dtype), what)
 }
 
-/// The team's actors (index, prompts) played by other models: `sources[i]` on `devices[i]`
-/// (`what` names them in errors).
-pub fn load_as(team: &[Agent], sources: &[String], devices: &[String], what: &str) -> Result<Vec<Agent>> {
+/// How `dtype` (`agent_lora.base_dtype`, `frozen_dtype`; absent: f32) stores frozen weights.
+pub fn frozen_storage(dtype: Option<BaseDType>) -> FrozenStorage {
+    match dtype {
+        None | Some(BaseDType::F32) => FrozenStorage::F32,
+        Some(BaseDType::Bf16) => FrozenStorage::Bf16,
+        Some(BaseDType::Q8_0) => FrozenStorage::Q8_0,
+    }
+}
+
+/// The team's actors (index, prompts) played by other models that only read their weights:
+/// `sources[i]` on `devices[i]`, stored as `storage` says unless served over a LoRA agent's
+/// base in memory (`what` names them in errors).
+pub fn load_as(
+    team: &[Agent],
+    sources: &[String],
+    devices: &[String],
+    storage: FrozenStorage,
+    what: &str,
+) -> Result<Vec<Agent>> {
     team.iter()
         .zip(devices)
         .zip(sources)
@@ -149,8 +165,11 @@ pub fn load_as(team: &[Agent], sources: &[String], devices: &[String], what: &st
             let device = parse_device(d, what)?;
             let context = || format!("loading {what} `{source}` for agent {}", a.index);
             let model = match over_shared_base(a, &device, source).with_context(context)? {
-                Some(model) => model,
-                None => LoadedModel::load(source, &device).with_context(context)?,
+                Some(model) => model, // the LoRA agent's base keeps its own storage
+                None => LoadedModel::load_frozen(source, &device, storage).with_context(|| match storage {
+                    FrozenStorage::F32 => context(),
+                    _ => format!("{} with frozen_dtype = {:?}", context(), format!("{storage:?}").to_lowercase()),
+                })?,
             };
             crate::run::team::refuse_non_finite(&format!("{what} `{source}`"), &model)?;
             Ok(a.with_model(model, device))
@@ -230,11 +249,7 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
         target_modules: l.targets(),
         use_rslora: l.use_rslora,
     });
-    let base_storage = match cfg.agent_lora.as_ref().map(|l| l.base_dtype) {
-        None | Some(BaseDType::F32) => FrozenStorage::F32,
-        Some(BaseDType::Bf16) => FrozenStorage::Bf16,
-        Some(BaseDType::Q8_0) => FrozenStorage::Q8_0,
-    };
+    let base_storage = frozen_storage(cfg.agent_lora.as_ref().map(|l| l.base_dtype));
     let fresh_lora = match (members, &trained) {
         (Members::Current, None) => configured_lora.clone(),
         _ => None,
