@@ -7,6 +7,7 @@ use common::{ok, pbrl};
 use std::path::Path;
 
 use candle_core::{DType, Device};
+use pbrl::model::linear::FrozenStorage;
 use pbrl::model::{tiny::tiny_model, Architecture, LoadedModel};
 use pbrl::prefs::RoundFile;
 use pbrl::reward_model::JointRewardModel;
@@ -30,7 +31,7 @@ fn setup(d: &Path, extra: &str) {
 
 /// The share of the round's pairs a saved reward model orders right.
 fn accuracy(run: &Path) -> f64 {
-    let rm = JointRewardModel::load(&run.join("reward_model"), &Device::Cpu).unwrap();
+    let rm = JointRewardModel::load(&run.join("reward_model"), &Device::Cpu, FrozenStorage::F32).unwrap();
     let round = RoundFile::load(&run.join("preference_replay/iteration_0001.json")).unwrap();
     let scores = |winner: bool| -> Vec<f64> {
         let rows: Vec<_> = round
@@ -145,21 +146,51 @@ fn rounds_of_another_team_size_are_refused() {
     assert!(!d.join("run/reward_model").exists());
 }
 
+/// A frozen backbone is saved as its source, also when the fit read it stored in bf16
+/// (`frozen_dtype`), which changes the fit's numbers a little; a reader stores it so again.
 #[test]
 fn a_frozen_backbone_is_saved_unchanged() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     setup(d, "reward_freeze_backbone = true");
-    ok(pbrl(&["fit-rm", "--config", "c.toml"], d));
     let base = candle_core::safetensors::load(d.join("tiny/model.safetensors"), &Device::Cpu).unwrap();
-    let saved =
-        candle_core::safetensors::load(d.join("run/reward_model/backbone/model.safetensors"), &Device::Cpu).unwrap();
-    assert_eq!(base.len(), saved.len());
-    for (name, t) in &base {
-        assert_eq!(common::max_abs_diff(t, &saved[name]), 0.0, "{name} changed under reward_freeze_backbone");
+    let mut losses = Vec::new();
+    for (run, dtype) in [("run", "f32"), ("bf16", "bf16")] {
+        std::fs::create_dir_all(d.join(run).join("preference_replay")).unwrap();
+        let round = "preference_replay/iteration_0001.json";
+        if run != "run" {
+            std::fs::copy(d.join("run").join(round), d.join(run).join(round)).unwrap();
+        }
+        ok(pbrl(&["fit-rm", "--config", "c.toml", "--run-dir", run, &format!("frozen_dtype=\"{dtype}\"")], d));
+        let saved = d.join(run).join("reward_model/backbone/model.safetensors");
+        let saved = candle_core::safetensors::load(saved, &Device::Cpu).unwrap();
+        assert_eq!(base.len(), saved.len());
+        for (name, t) in &base {
+            assert_eq!(
+                common::max_abs_diff(t, &saved[name]),
+                0.0,
+                "{run}: {name} changed under reward_freeze_backbone"
+            );
+        }
+        let l = common::metric_values(&d.join(run), "rm/loss");
+        assert!(l.last() < l.first(), "{run}: the head alone still learns: {l:?}");
+        losses.push(l);
     }
-    let l = common::metric_values(&d.join("run"), "rm/loss");
-    assert!(l.last() < l.first(), "the head alone still learns: {l:?}");
+    assert_ne!(losses[0], losses[1], "bf16 storage changed nothing");
+    for (a, b) in losses[0].iter().zip(&losses[1]) {
+        assert!((a - b).abs() < 0.05, "f32 loss {a}, bf16 {b}");
+    }
+    let scores = |storage: FrozenStorage| {
+        let rm = JointRewardModel::load(&d.join("bf16/reward_model"), &Device::Cpu, storage).unwrap();
+        let round = RoundFile::load(&d.join("run/preference_replay/iteration_0001.json")).unwrap();
+        let rows: Vec<_> = round.pairs.iter().map(|p| rm.encode(&p.prompts, &p.winner_completions).unwrap()).collect();
+        rm.score(&rows, 8).unwrap()
+    };
+    let (exact, stored) = (scores(FrozenStorage::F32), scores(FrozenStorage::Bf16));
+    assert_ne!(exact, stored);
+    for (a, b) in exact.iter().zip(&stored) {
+        assert!((a - b).abs() < 0.05 * a.abs().max(1.0), "scores over the f32 backbone {a}, over bf16 {b}");
+    }
 }
 
 #[test]
@@ -217,7 +248,7 @@ fn a_saved_reward_model_scores_the_same_in_transformers() {
     setup(d, "");
     ok(pbrl(&["fit-rm", "--config", "c.toml", "reward_num_train_epochs=1"], d));
     let rm_dir = d.join("run/reward_model");
-    let rm = JointRewardModel::load(&rm_dir, &Device::Cpu).unwrap();
+    let rm = JointRewardModel::load(&rm_dir, &Device::Cpu, FrozenStorage::F32).unwrap();
     let round = RoundFile::load(&d.join("run/preference_replay/iteration_0001.json")).unwrap();
     let texts: Vec<String> = round.pairs.iter().map(|p| rm.text(&p.prompts, &p.winner_completions)).collect();
     let rows: Vec<_> = round.pairs.iter().map(|p| rm.encode(&p.prompts, &p.winner_completions).unwrap()).collect();

@@ -202,10 +202,13 @@ pub struct Config {
     /// Where the frozen references live (default: the actors' devices).
     pub reference_devices: Option<DeviceSpec>,
     /// How roles that only read weights store them when pbrl loads them from a model source:
-    /// anchored MADPO's `reference_model_name`, `train-marlhf`'s KL reference and `iterate`'s
-    /// comparators loaded from weights (`model`, `history`, `current_copy` on other devices).
-    /// "f32" (exact; the default), "bf16" or "q8_0", stored and read as `agent_lora.base_dtype`
-    /// says. A role served over a LoRA agent's base in memory keeps that base's storage.
+    /// anchored MADPO's `reference_model_name`, `train-marlhf`'s KL reference, `iterate`'s
+    /// comparators loaded from weights (`model`, `history`, `current_copy` on other devices) and
+    /// the reward model's backbone where it is only read (`fit-rm` with
+    /// `reward_freeze_backbone`, which still saves it as on disk; scoring in `train-marlhf` and
+    /// `iterate`). "f32" (exact; the default), "bf16" or "q8_0", stored and read as
+    /// `agent_lora.base_dtype` says. A role served over a LoRA agent's base in memory keeps that
+    /// base's storage.
     pub frozen_dtype: Option<BaseDType>,
     /// Joint responses sampled per train item when collecting (>= 2).
     pub preference_num_candidates: i64,

@@ -250,10 +250,14 @@ impl LoadedModel {
                 .with_context(|| format!("loading the base of the LoRA adapter `{source}`"))?;
             return Self::adapter_over(&base, source, &agent.spec);
         }
-        let model = Self::load(source, device)?;
+        Self::load(source, device)?.stored(storage)
+    }
+
+    /// This model as it is (f32), or frozen and stored in `storage` ([`Self::into_frozen_base`]).
+    pub fn stored(self, storage: FrozenStorage) -> Result<Self> {
         match storage {
-            FrozenStorage::F32 => Ok(model),
-            _ => model.into_frozen_base(storage),
+            FrozenStorage::F32 => Ok(self),
+            _ => self.into_frozen_base(storage),
         }
     }
 

@@ -35,6 +35,7 @@ use super::{JointRewardModel, JointRow};
 use crate::algo::bradley_terry::{bradley_terry_loss, pair_stats, within_prompt_order, PairStats};
 use crate::device::{ensure_fits, parse_device, sum_of_largest};
 use crate::model::batch::distinct_rows;
+use crate::model::linear::FrozenStorage;
 use crate::model::{LoadedModel, Mode};
 use crate::oracle::Oracle;
 use crate::prefs::replay::training_pairs;
@@ -43,7 +44,7 @@ use crate::rng::{derive_seed, purpose};
 use crate::run::{atomic_write, RunDir};
 use crate::task::split::{choose_held_out_groups, train_items};
 use crate::team::rollout::rollout;
-use crate::team::{check_fits, load_team};
+use crate::team::{check_fits, frozen_storage, load_team};
 use crate::train::session::{Plan, Session, TrainingData};
 
 pub struct FitOptions {
@@ -171,7 +172,10 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
 
     let (source, device) = cfg.reward_model_source()?;
     let device = parse_device(&device, "reward_model_device")?;
+    // A frozen backbone is only read: stored as `frozen_dtype` says, before the head joins it.
+    let storage = if cfg.reward_freeze_backbone { frozen_storage(cfg.frozen_dtype) } else { FrozenStorage::F32 };
     let backbone = LoadedModel::load_backbone(&source, &device)
+        .and_then(|b| b.stored(storage))
         .with_context(|| format!("loading the reward model's backbone `{source}`"))?;
     let max_length = cfg.reward_max_length.map(|m| m as usize);
     let context = backbone.model.config.context_length();

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::algo::bradley_terry::{joint_text, joint_text_with_responses};
 use crate::model::batch::{PaddedBatch, Padding};
 use crate::model::heads::{last_token_hidden, pair_last_token_hidden, ScalarHead, ValueHead};
+use crate::model::linear::FrozenStorage;
 use crate::model::tokenizer::ByteRange;
 use crate::model::{LoadedModel, Mode};
 
@@ -170,8 +171,9 @@ impl JointRewardModel {
         ))
     }
 
-    /// Load a reward model saved by [`JointRewardModel::save`].
-    pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+    /// Load a reward model saved by [`JointRewardModel::save`], its backbone stored as
+    /// `storage` says (`frozen_dtype`: a loaded reward model only scores).
+    pub fn load(dir: &Path, device: &Device, storage: FrozenStorage) -> Result<Self> {
         let info_path = dir.join(INFO_FILE);
         let info: RewardModelInfo = serde_json::from_slice(
             &std::fs::read(&info_path).with_context(|| format!("reading {}", info_path.display()))?,
@@ -181,6 +183,7 @@ impl JointRewardModel {
             bail!("{}: a reward model format this pbrl does not read", info_path.display());
         }
         let backbone = LoadedModel::load_backbone(&dir.join(BACKBONE_DIR).display().to_string(), device)
+            .and_then(|b| b.stored(storage))
             .with_context(|| format!("loading the reward model's backbone from {}", dir.display()))?;
         let hidden = backbone.model.config.hidden_size;
         let file = dir.join(HEAD_FILE);
@@ -323,8 +326,16 @@ impl JointRewardModel {
     /// Save into `dir`, all or nothing (a previous reward model there is replaced in one atomic
     /// exchange once the new one is complete).
     pub fn save(&self, dir: &Path) -> Result<()> {
+        // A backbone stored for reading only (`frozen_dtype`) was never trained: the saved one
+        // is its source as on disk, which a reader stores the same way again.
+        let stored = !self.backbone.varmap.data().lock().expect("VarMap lock").keys().any(|k| !k.starts_with(HEAD));
         crate::run::atomic::install_dir(dir, |tmp| {
-            self.backbone.save_hf_dir(&tmp.join(BACKBONE_DIR), None)?;
+            match stored {
+                true => LoadedModel::load_backbone(&self.backbone.source, &self.device)
+                    .with_context(|| format!("reloading the backbone `{}` to save it", self.backbone.source))?
+                    .save_hf_dir(&tmp.join(BACKBONE_DIR), None)?,
+                false => self.backbone.save_hf_dir(&tmp.join(BACKBONE_DIR), None)?,
+            }
             let (tensors, pooling, mlp_hidden) = match &self.head {
                 Head::LastToken(h) => (h.tensors(), LAST_TOKEN, None),
                 Head::PooledMlp(h) => (h.tensors(), POOLED, Some(h.hidden_dim().unwrap_or(0))),

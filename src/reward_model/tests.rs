@@ -123,7 +123,7 @@ fn a_saved_pooled_reward_model_scores_the_same_and_its_description_is_checked() 
     let rows: Vec<JointRow> = (0..4).map(test_joint_row).collect();
     let path = dir.path().join("rm");
     rm.save(&path).unwrap();
-    let back = JointRewardModel::load(&path, &Device::Cpu).unwrap();
+    let back = JointRewardModel::load(&path, &Device::Cpu, FrozenStorage::F32).unwrap();
     assert_eq!(back.kind(), RewardHeadKind::PooledMlp);
     assert_eq!(back.score(&rows, 4).unwrap(), rm.score(&rows, 4).unwrap(), "the same batching, the same scores");
     let (w, l) = rm.score_pairs(&[(&rows[0], &rows[1]), (&rows[2], &rows[3])], Mode::Infer).unwrap();
@@ -134,9 +134,9 @@ fn a_saved_pooled_reward_model_scores_the_same_and_its_description_is_checked() 
     let text = std::fs::read_to_string(&info).unwrap();
     assert!(text.contains(POOLED) && text.contains("\"mlp_hidden\": 5"), "{text}");
     std::fs::write(&info, text.replace("\"mlp_hidden\": 5", "\"mlp_hidden\": 6")).unwrap();
-    let e = format!("{:#}", JointRewardModel::load(&path, &Device::Cpu).err().unwrap());
+    let e = format!("{:#}", JointRewardModel::load(&path, &Device::Cpu, FrozenStorage::F32).err().unwrap());
     assert!(e.contains("pre_projection.0.weight` has shape [5, 66], the head needs [6, 66]"), "{e}");
     std::fs::write(&info, text.replace(POOLED, "mean")).unwrap();
-    let e = format!("{:#}", JointRewardModel::load(&path, &Device::Cpu).err().unwrap());
+    let e = format!("{:#}", JointRewardModel::load(&path, &Device::Cpu, FrozenStorage::F32).err().unwrap());
     assert!(e.contains("a head this pbrl does not read (pooling `mean`"), "{e}");
 }

@@ -437,7 +437,11 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
     let rm_dir = run_dir.reward_model();
     let mut scorer = if cfg.modes.score_with_reward_model && JointRewardModel::exists(&rm_dir) {
         let (_, device) = cfg.reward_model_source()?;
-        Scorer::RewardModel(Box::new(JointRewardModel::load(&rm_dir, &parse_device(&device, "reward_model_device")?)?))
+        Scorer::RewardModel(Box::new(JointRewardModel::load(
+            &rm_dir,
+            &parse_device(&device, "reward_model_device")?,
+            crate::team::frozen_storage(cfg.frozen_dtype),
+        )?))
     } else {
         Scorer::Oracle(Oracle::new(cfg)?)
     };

@@ -68,7 +68,11 @@ impl Setup {
             bail!("{} holds no reward model; run `pbrl fit-rm` first", rm_dir.display());
         }
         let (_, rm_device) = cfg.reward_model_source()?;
-        let rm = JointRewardModel::load(&rm_dir, &parse_device(&rm_device, "reward_model_device")?)?;
+        let rm = JointRewardModel::load(
+            &rm_dir,
+            &parse_device(&rm_device, "reward_model_device")?,
+            crate::team::frozen_storage(cfg.frozen_dtype),
+        )?;
         if rm.num_agents != cfg.num_agents as usize {
             bail!("{} scores teams of {} agents, this config has {}", rm_dir.display(), rm.num_agents, cfg.num_agents);
         }
