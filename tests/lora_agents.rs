@@ -104,6 +104,38 @@ fn a_lora_team_trains_its_adapters_and_saves_peft_adapters() {
     assert!(!o.status.success() && e.contains("do not train LoRA agents yet"), "{e}");
 }
 
+/// Adapters of their own shape per agent (`r`, `alpha`, `target_modules` as lists): each saved
+/// adapter has its agent's shape, both train, and the run's team under another shape is refused.
+#[test]
+fn each_agent_has_its_own_adapter_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d);
+    let shapes = [
+        "agent_lora.r=[2, 6]",
+        "agent_lora.alpha=[4.0, 3.0]",
+        "agent_lora.target_modules=[[\"q_proj\"], \"all-linear\"]",
+    ];
+    for stage in ["collect", "train-madpo"] {
+        ok(pbrl(&[&[stage, "--config", "c.toml"][..], &shapes[..]].concat(), d));
+    }
+    let ids = [3u32, 8, 5, 9, 12, 4];
+    let base = LoadedModel::load(d.join("tiny").to_str().unwrap(), &Device::Cpu).unwrap();
+    // A and B per adapted projection, 2 layers: q only (4), all seven (28).
+    for (i, (r, alpha, tensors)) in [(2, 4.0, 4), (6, 3.0, 2 * 7 * 2)].into_iter().enumerate() {
+        let agent = d.join(format!("run/agents/agent_{i}"));
+        let config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(agent.join("adapter_config.json")).unwrap()).unwrap();
+        assert_eq!((config["r"].as_u64(), config["lora_alpha"].as_f64()), (Some(r), Some(alpha)), "agent {i}");
+        assert_eq!(common::safetensors_names(&agent.join("adapter_model.safetensors")).len(), tensors, "agent {i}");
+        let trained = LoadedModel::load(agent.to_str().unwrap(), &Device::Cpu).unwrap();
+        assert!(common::max_abs_diff(&logits(&trained, &ids), &logits(&base, &ids)) > 1e-6, "agent {i} trained");
+    }
+    let o = pbrl(&["train-madpo", "--config", "c.toml", "--resume", "num_train_epochs=2", "agent_lora.r=[2, 4]"], d);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("agent 0") && e.contains("the config asks for"), "{e}");
+}
+
 /// MARLHF (MAGRPO) on a LoRA team, and `iterate` (2 rounds against the current team): adapters
 /// saved and trained, the round snapshots adapters too.
 #[test]

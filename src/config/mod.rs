@@ -29,8 +29,8 @@ pub use modes::{
     RewardHeadKind,
 };
 pub use overrides::{closest, Override};
-pub use tables::{AgentLora, BaseDType, RewardConfig, TaskConfig, LORA_PROJECTIONS};
-pub use values::{DeviceSpec, EvalSplit, TokenLimit};
+pub use tables::{AgentLora, BaseDType, Modules, RewardConfig, TaskConfig, LORA_PROJECTIONS};
+pub use values::{DeviceSpec, EvalSplit, PerActor, TokenLimit};
 
 /// The pooled reward head's hidden layer width when `reward_head_hidden` is not set.
 pub const DEFAULT_REWARD_HEAD_HIDDEN: usize = 32;

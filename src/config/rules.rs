@@ -457,7 +457,7 @@ impl Config {
     /// pbrl's anchored MADPO and keep-best rules.
     fn validate_training_extras(&self) -> Result<(), ConfigError> {
         if let Some(lora) = &self.agent_lora {
-            lora.validate()?;
+            lora.validate(self.num_actors())?;
         }
         if self.reference_model_name.is_some() && !self.madpo_reference && !self.madpo_log_kl {
             return err(

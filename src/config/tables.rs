@@ -3,6 +3,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::PerActor;
+
 /// The task: its items and how each agent's prompt is written from an item.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -71,24 +73,26 @@ impl Default for RewardConfig {
 /// memory by the agents of one source, plus a low-rank adapter on the projections
 /// `target_modules` name, which is all that trains; its saved `agents/agent_i/` is a PEFT adapter
 /// (`adapter_config.json`, `adapter_model.safetensors`) over its source. PEFT's `LoraConfig`
-/// keys and meaning. Every stage takes LoRA agents except the actor-critic MARLHF backends
-/// (`iac`, `maac`), which refuse them.
+/// keys and meaning. `r`, `alpha`, `target_modules` and `use_rslora` take one value for every
+/// agent or a list with one per agent (as `max_new_tokens`). Every stage takes LoRA agents except
+/// the actor-critic MARLHF backends (`iac`, `maac`), which refuse them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentLora {
-    /// The adapters' rank, 1 to 1024.
-    pub r: i64,
+    /// The adapters' rank, 1 to 1024 (or one per agent).
+    pub r: PerActor<i64>,
     /// The scale numerator: the adapter's product is multiplied by alpha / r (alpha / √r with
-    /// `use_rslora`).
-    pub alpha: f64,
+    /// `use_rslora`); or one per agent.
+    pub alpha: PerActor<f64>,
     /// Dropout on the adapter's input; only 0 is implemented (another value is refused).
     pub dropout: f64,
     /// The projections that get adapters: names among q_proj, k_proj, v_proj, o_proj, gate_proj,
-    /// up_proj, down_proj, or "all-linear" (or ["all-linear"]) for all of them, as PEFT takes it.
-    #[serde(deserialize_with = "one_or_many")]
-    pub target_modules: Vec<String>,
-    /// rsLoRA's scale alpha / √r.
-    pub use_rslora: bool,
+    /// up_proj, down_proj, or "all-linear" (or ["all-linear"]) for all of them, as PEFT takes it;
+    /// or a list of such, one per agent (`[["q_proj", "v_proj"], "all-linear"]`: a flat list of
+    /// names is one list for every agent).
+    pub target_modules: PerActor<Modules>,
+    /// rsLoRA's scale alpha / √r (or one per agent).
+    pub use_rslora: PerActor<bool>,
     /// How the shared frozen base stores its matrices: "f32" (exact), "bf16" (every matrix in
     /// bf16) or "q8_0" (projections in GGUF's q8_0 blocks, which need input sizes that are
     /// multiples of 32; embeddings in bf16). Each product reads them in f32 (QLoRA's rule), so
@@ -101,18 +105,25 @@ pub struct AgentLora {
     pub save_merged: bool,
 }
 
-/// A list of strings, or one string standing for a list of it (PEFT's `target_modules`).
-fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        One(String),
-        Many(Vec<String>),
+/// Projection names: a list of strings, or one string standing for a list of it (PEFT's
+/// `target_modules`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct Modules(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for Modules {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum OneOrMany {
+            One(String),
+            Many(Vec<String>),
+        }
+        Ok(Modules(match OneOrMany::deserialize(d)? {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        }))
     }
-    Ok(match OneOrMany::deserialize(d)? {
-        OneOrMany::One(s) => vec![s],
-        OneOrMany::Many(v) => v,
-    })
 }
 
 /// How frozen weights are stored: `agent_lora.base_dtype`, `frozen_dtype`.
@@ -128,11 +139,11 @@ pub enum BaseDType {
 impl Default for AgentLora {
     fn default() -> Self {
         Self {
-            r: 8,
-            alpha: 16.0,
+            r: PerActor::One(8),
+            alpha: PerActor::One(16.0),
             dropout: 0.0,
-            target_modules: vec!["all-linear".into()],
-            use_rslora: false,
+            target_modules: PerActor::One(Modules(vec!["all-linear".into()])),
+            use_rslora: PerActor::One(false),
             base_dtype: BaseDType::F32,
             save_merged: false,
         }
@@ -144,36 +155,49 @@ impl Default for AgentLora {
 pub const LORA_PROJECTIONS: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
 
 impl AgentLora {
-    /// The projection names the adapters go on ("all-linear" expanded).
-    pub fn targets(&self) -> Vec<String> {
-        match self.target_modules.iter().any(|t| t == "all-linear") {
+    /// Agent `i`'s adapter shape: rank, alpha, projection names ("all-linear" expanded), rsLoRA.
+    pub fn shape_of(&self, i: usize) -> (usize, f64, Vec<String>, bool) {
+        let modules = &self.target_modules.of(i).0;
+        let targets = match modules.iter().any(|t| t == "all-linear") {
             true => LORA_PROJECTIONS.map(String::from).to_vec(),
-            false => self.target_modules.clone(),
-        }
+            false => modules.clone(),
+        };
+        (*self.r.of(i) as usize, *self.alpha.of(i), targets, *self.use_rslora.of(i))
     }
 
-    pub(super) fn validate(&self) -> Result<(), super::ConfigError> {
+    /// The table's rules, lists checked against `actors`.
+    pub(super) fn validate(&self, actors: usize) -> Result<(), super::ConfigError> {
         let bad = |m: String| Err(super::ConfigError(m));
-        if !(1..=1024).contains(&self.r) {
+        self.r.check_len(actors, "agent_lora.r")?;
+        self.alpha.check_len(actors, "agent_lora.alpha")?;
+        self.target_modules.check_len(actors, "agent_lora.target_modules")?;
+        self.use_rslora.check_len(actors, "agent_lora.use_rslora")?;
+        if self.r.values().iter().any(|r| !(1..=1024).contains(*r)) {
             return bad("agent_lora.r must be in [1, 1024].".into());
         }
-        if !(self.alpha > 0.0 && self.alpha.is_finite()) {
+        if self.alpha.values().iter().any(|a| !(**a > 0.0 && a.is_finite())) {
             return bad("agent_lora.alpha must be > 0.".into());
         }
         if self.dropout != 0.0 {
             return bad("agent_lora.dropout: only 0 is implemented (pbrl applies no dropout to the adapters).".into());
         }
-        if self.target_modules.is_empty() {
-            return bad("agent_lora.target_modules is empty: name projections or use [\"all-linear\"].".into());
-        }
-        let all = self.target_modules.iter().any(|t| t == "all-linear");
-        if let Some(t) = self.target_modules.iter().find(|t| !LORA_PROJECTIONS.contains(&t.as_str()) && !all) {
-            return bad(format!(
-                "agent_lora.target_modules: `{t}` is not one of {LORA_PROJECTIONS:?} or \"all-linear\"."
-            ));
-        }
-        if all && self.target_modules.len() > 1 {
-            return bad("agent_lora.target_modules: \"all-linear\" stands alone.".into());
+        for Modules(modules) in self.target_modules.values() {
+            if modules.is_empty() {
+                return bad("agent_lora.target_modules is empty: name projections or use [\"all-linear\"].".into());
+            }
+            let all = modules.iter().any(|t| t == "all-linear");
+            if let Some(t) = modules.iter().find(|t| !LORA_PROJECTIONS.contains(&t.as_str()) && !all) {
+                return bad(format!(
+                    "agent_lora.target_modules: `{t}` is not one of {LORA_PROJECTIONS:?} or \"all-linear\"."
+                ));
+            }
+            if all && modules.len() > 1 {
+                return bad(
+                    "agent_lora.target_modules: \"all-linear\" stands alone (one list per agent: a list of lists, \
+                     [[\"q_proj\"], \"all-linear\"])."
+                        .into(),
+                );
+            }
         }
         Ok(())
     }

@@ -359,22 +359,43 @@ fn an_api_comparator_needs_a_decentralized_team() {
     assert!(load(text, &[]).is_ok());
 }
 
-/// `[agent_lora]` from the command line alone: the named keys, the rest of the table's defaults.
+/// `target_modules`: a string or a list, for all agents; or a list of those, one per agent.
 #[test]
 fn agent_lora_target_modules_take_a_string_or_a_list() {
-    let c = load("[agent_lora]\ntarget_modules = \"all-linear\"", &[]).unwrap();
-    assert_eq!(c.agent_lora.unwrap().targets().len(), 7);
-    let c = load("[agent_lora]\ntarget_modules = [\"q_proj\", \"v_proj\"]", &[]).unwrap();
-    assert_eq!(c.agent_lora.unwrap().targets(), ["q_proj", "v_proj"]);
+    let targets = |toml: &str, i: usize| load(toml, &[]).unwrap().agent_lora.unwrap().shape_of(i).2;
+    assert_eq!(targets("[agent_lora]\ntarget_modules = \"all-linear\"", 1).len(), 7);
+    assert_eq!(targets("[agent_lora]\ntarget_modules = [\"q_proj\", \"v_proj\"]", 1), ["q_proj", "v_proj"]);
+    let each = "[agent_lora]\ntarget_modules = [[\"q_proj\"], \"all-linear\"]";
+    assert_eq!((targets(each, 0), targets(each, 1).len()), (vec!["q_proj".to_string()], 7));
     let e = load("[agent_lora]\ntarget_modules = 3", &[]).unwrap_err().to_string();
     assert!(e.contains("target_modules"), "{e}");
+    let e = load("[agent_lora]\ntarget_modules = [[\"q_proj\"], [\"qproj\"]]", &[]).unwrap_err().to_string();
+    assert!(e.contains("`qproj` is not one of"), "{e}");
 }
 
+/// `r`, `alpha`, `use_rslora`: one value, or one per agent (a list of another length is refused).
+#[test]
+fn agent_lora_shapes_per_agent() {
+    let c = load("[agent_lora]\nr = [4, 16]\nalpha = 8.0\nuse_rslora = [false, true]", &[]).unwrap();
+    let lora = c.agent_lora.unwrap();
+    assert_eq!((lora.shape_of(0).0, lora.shape_of(0).1, lora.shape_of(0).3), (4, 8.0, false));
+    assert_eq!((lora.shape_of(1).0, lora.shape_of(1).1, lora.shape_of(1).3), (16, 8.0, true));
+    let e = load("[agent_lora]\nr = [4, 16, 8]", &[]).unwrap_err().to_string();
+    assert!(e.contains("agent_lora.r has 3 entries but there are 2 actors"), "{e}");
+    let e = load("[agent_lora]\nr = [4, 0]", &[]).unwrap_err().to_string();
+    assert!(e.contains("agent_lora.r must be in [1, 1024]"), "{e}");
+    let e = load("[agent_lora]\nalpha = [1.0, \"x\"]", &[]).unwrap_err().to_string();
+    assert!(e.contains("agent_lora.alpha") && e.contains("expected f64"), "{e}");
+    let c = load("", &["agent_lora.r=[8, 32]"]).unwrap();
+    assert_eq!(c.agent_lora.unwrap().shape_of(1).0, 32);
+}
+
+/// `[agent_lora]` from the command line alone: the named keys, the rest of the table's defaults.
 #[test]
 fn agent_lora_can_be_set_by_overrides() {
     let c = load("", &["agent_lora.r=16", "agent_lora.alpha=32"]).unwrap();
     let lora = c.agent_lora.expect("the table is set");
-    assert_eq!((lora.r, lora.alpha, lora.dropout), (16, 32.0, 0.0));
-    assert_eq!(lora.targets().len(), 7, "all-linear by default");
+    let (r, alpha, targets, _) = lora.shape_of(1);
+    assert_eq!((r, alpha, lora.dropout, targets.len()), (16, 32.0, 0.0, 7), "all-linear by default");
     assert!(load("", &[]).unwrap().agent_lora.is_none());
 }

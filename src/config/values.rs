@@ -107,3 +107,61 @@ impl<'de> Deserialize<'de> for EvalSplit {
         }
     }
 }
+
+/// One value for every actor, or a list with one per actor (as `max_new_tokens` and
+/// `task.formatters`): `agent_lora`'s adapter shape.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum PerActor<T> {
+    One(T),
+    Each(Vec<T>),
+}
+
+impl<T> PerActor<T> {
+    /// Actor `i`'s value (a list's length is checked against the actors by [`Self::check_len`]).
+    pub fn of(&self, i: usize) -> &T {
+        match self {
+            PerActor::One(v) => v,
+            PerActor::Each(v) => &v[i.min(v.len() - 1)],
+        }
+    }
+
+    /// Every value given.
+    pub fn values(&self) -> Vec<&T> {
+        match self {
+            PerActor::One(v) => vec![v],
+            PerActor::Each(v) => v.iter().collect(),
+        }
+    }
+
+    /// A list must have one entry per actor (`key` names it in the error).
+    pub fn check_len(&self, n: usize, key: &str) -> Result<(), ConfigError> {
+        match self {
+            PerActor::Each(v) if v.len() != n => {
+                err(format!("{key} has {} entries but there are {n} actors; give one value or one per actor", v.len()))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A value of `T` stands for every actor; otherwise a list of `T` gives one per actor (a `T`
+/// that is itself a list, such as `target_modules`, is read whole first).
+impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for PerActor<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = toml::Value::deserialize(d)?;
+        if let Ok(one) = T::deserialize(value.clone()) {
+            return Ok(PerActor::One(one));
+        }
+        let one_error = T::deserialize(value.clone()).err().map(|e| e.to_string()).unwrap_or_default();
+        match value {
+            toml::Value::Array(items) => items
+                .into_iter()
+                .map(T::deserialize)
+                .collect::<Result<Vec<T>, _>>()
+                .map(PerActor::Each)
+                .map_err(|e| serde::de::Error::custom(format!("{e} (in the list with one value per actor)"))),
+            _ => Err(serde::de::Error::custom(format!("{one_error} (give one value, or a list with one per actor)"))),
+        }
+    }
+}

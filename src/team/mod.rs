@@ -243,17 +243,15 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
     };
     // LoRA agents not yet trained: fresh adapters on their base, one base in memory per source
     // and device (its weights shared, never copied).
-    let configured_lora = cfg.agent_lora.as_ref().map(|l| LoraSpec {
-        r: l.r as usize,
-        alpha: l.alpha,
-        target_modules: l.targets(),
-        use_rslora: l.use_rslora,
-    });
-    let base_storage = frozen_storage(cfg.agent_lora.as_ref().map(|l| l.base_dtype));
-    let fresh_lora = match (members, &trained) {
-        (Members::Current, None) => configured_lora.clone(),
-        _ => None,
+    // Each agent's adapter shape (one for all, or one each).
+    let configured_lora = |i: usize| {
+        cfg.agent_lora.as_ref().map(|l| {
+            let (r, alpha, target_modules, use_rslora) = l.shape_of(i);
+            LoraSpec { r, alpha, target_modules, use_rslora }
+        })
     };
+    let base_storage = frozen_storage(cfg.agent_lora.as_ref().map(|l| l.base_dtype));
+    let fresh_lora = matches!((members, &trained), (Members::Current, None));
     let mut bases: Vec<((String, String), LoadedModel)> = Vec::new();
     (0..n)
         .map(|i| {
@@ -280,7 +278,8 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
                 Ok(bases.len() - 1)
             };
             let saved_adapter = std::path::Path::new(&source).join(crate::model::lora::ADAPTER_CONFIG).is_file();
-            let mut model = match &fresh_lora {
+            let configured_lora = configured_lora(i);
+            let mut model = match configured_lora.as_ref().filter(|_| fresh_lora) {
                 Some(spec) => {
                     let seed = derive_seed(cfg.seed, &[purpose::LORA_INIT, i as u64]);
                     let k = base_of(&mut bases, &source)?;
