@@ -32,6 +32,7 @@ pub mod purpose {
     pub const EVAL_ROUND: u64 = 14;
     pub const REWARD_FRESH: u64 = 15;
     pub const LORA_INIT: u64 = 16;
+    pub const REWARD_LORA_INIT: u64 = 17;
 }
 
 #[cfg(test)]

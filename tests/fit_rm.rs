@@ -193,6 +193,53 @@ fn a_frozen_backbone_is_saved_unchanged() {
     }
 }
 
+/// `reward_lora`: adapters on the frozen backbone train with the head; the reward model is saved
+/// with them merged into a whole backbone, which scores as the adapted one did (1e-5), and
+/// whose embeddings and norms are the source's.
+#[test]
+fn a_reward_model_with_lora_on_its_backbone() {
+    use pbrl::model::lora::{LoraSpec, ALL_LINEAR};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Saved merged: the adapted model's scores, from the saved one.
+    let spec = LoraSpec { r: 4, alpha: 8.0, target_modules: ALL_LINEAR.map(String::from).to_vec(), use_rslora: false };
+    tiny_model(Architecture::Llama, true, 41, DType::F32).unwrap().save_hf_dir(&d.join("tiny"), None).unwrap();
+    let base = LoadedModel::load_backbone(d.join("tiny").to_str().unwrap(), &Device::Cpu).unwrap();
+    let adapted = LoadedModel::with_lora(&base.into_frozen_base(FrozenStorage::F32).unwrap(), &spec, 1).unwrap();
+    let kind = pbrl::config::RewardHeadKind::PooledMlp;
+    let rm = JointRewardModel::fresh(adapted, 2, None, kind, 8, 3).unwrap();
+    common::set_vars_random(&rm.backbone.varmap, 9, 0.3);
+    let prompts = ["w1 w2".to_string(), "w3 w9".to_string()];
+    let rows: Vec<_> = [["w4 w5 w6", "w7"], ["w8", "w2 w3 w4 w5"]]
+        .iter()
+        .map(|c| rm.encode(&prompts, &[c[0].to_string(), c[1].to_string()]).unwrap())
+        .collect();
+    rm.save(&d.join("saved")).unwrap();
+    let back = JointRewardModel::load(&d.join("saved"), &Device::Cpu, FrozenStorage::F32).unwrap();
+    assert!(back.backbone.lora.is_none(), "a whole backbone");
+    for (a, b) in rm.score(&rows, 4).unwrap().iter().zip(back.score(&rows, 4).unwrap()) {
+        assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "adapted {a}, saved merged {b}");
+    }
+    // Through fit-rm: the adapters and the head learn; the source's embeddings and norms are kept.
+    setup(d, "reward_head = \"pooled_mlp\"\nreward_head_hidden = 16\n[reward_lora]\nr = 4\nalpha = 8.0");
+    ok(pbrl(&["fit-rm", "--config", "c.toml", "reward_learning_rate=1e-2"], d));
+    let l = common::metric_values(&d.join("run"), "rm/loss");
+    assert!(l.last() < l.first(), "{l:?}");
+    let source = candle_core::safetensors::load(d.join("tiny/model.safetensors"), &Device::Cpu).unwrap();
+    let saved =
+        candle_core::safetensors::load(d.join("run/reward_model/backbone/model.safetensors"), &Device::Cpu).unwrap();
+    for (name, t) in &source {
+        let moved = common::max_abs_diff(t, &saved[name]);
+        match name.ends_with("_proj.weight") {
+            true => assert!(moved > 0.0, "{name}: the adapters were merged into it"),
+            false => assert_eq!(moved, 0.0, "{name} is not adapted"),
+        }
+    }
+    let o = pbrl(&["fit-rm", "--config", "c.toml", "--run-dir", "x", "reward_freeze_backbone=true"], d);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("reward_lora trains adapters"), "{e}");
+}
+
 #[test]
 fn a_resumed_fit_ends_bit_identical_to_an_uninterrupted_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -210,6 +257,24 @@ fn a_resumed_fit_ends_bit_identical_to_an_uninterrupted_one() {
         let a = std::fs::read(d.join("run/reward_model").join(f)).unwrap();
         let b = std::fs::read(d.join("other/reward_model").join(f)).unwrap();
         assert!(a == b, "{f}: the resumed fit differs from the uninterrupted one");
+    }
+    // The same with LoRA on the backbone (adapters and head in the checkpoint).
+    for run in ["lora", "lora-resumed"] {
+        std::fs::create_dir_all(d.join(run).join("preference_replay")).unwrap();
+        std::fs::copy(d.join("run").join(file), d.join(run).join(file)).unwrap();
+    }
+    let lora = |run: &str, epochs: &str, resume: bool| {
+        let mut args = vec!["fit-rm", "--config", "c.toml", "--run-dir", run, "reward_lora.r=4", epochs];
+        args.extend(resume.then_some("--resume"));
+        ok(pbrl(&args, d));
+    };
+    lora("lora", "reward_num_train_epochs=2", false);
+    lora("lora-resumed", "reward_num_train_epochs=1", false);
+    lora("lora-resumed", "reward_num_train_epochs=2", true);
+    for f in ["backbone/model.safetensors", "reward_head.safetensors"] {
+        let a = std::fs::read(d.join("lora/reward_model").join(f)).unwrap();
+        let b = std::fs::read(d.join("lora-resumed/reward_model").join(f)).unwrap();
+        assert!(a == b, "LoRA {f}: the resumed fit differs from the uninterrupted one");
     }
     // A reward_max_length beyond the backbone's context is refused before any work.
     let o = pbrl(&["fit-rm", "--config", "c.toml", "--run-dir", "other", "reward_max_length=100000"], d);

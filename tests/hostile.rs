@@ -131,6 +131,8 @@ fn value_cases() -> Vec<Case> {
     cases.extend(bad("collect", "agent_devices", &["\"tpu\"", "[\"cpu\"]", "\"cuda:99\""]));
     cases.extend(bad("collect", "agent_lora.base_dtype", &["\"q4_0\"", "8"]));
     cases.extend(bad("train-madpo", "frozen_dtype", &["\"q4_0\"", "8"]));
+    cases.extend(bad("fit-rm", "reward_lora.r", &["0", "[4, 8]", "\"x\""]));
+    cases.extend(bad("fit-rm", "reward_lora.save_merged", &["true"]));
     cases.extend(bad("collect", "agent_lora.target_modules", &["3", "\"qproj\"", "[\"all-linear\", \"q_proj\"]"]));
     cases.extend(bad("train-madpo", "agent_lora.save_merged", &["\"yes\"", "1"]));
     cases.extend(bad("collect", "preference_num_candidates", &["1", "0", "1000000000"]));

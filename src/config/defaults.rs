@@ -76,6 +76,7 @@ impl Default for Config {
             reward_train_batch_size: 1,
             reward_max_length: None,
             reward_freeze_backbone: false,
+            reward_lora: None,
             reward_head: RewardHeadKind::LastToken,
             reward_head_hidden: None,
             critic_model_name: None,

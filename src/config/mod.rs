@@ -250,6 +250,12 @@ pub struct Config {
     pub reward_max_length: Option<i64>,
     /// `fit-rm`: train the head only (the backbone's hidden states are computed once).
     pub reward_freeze_backbone: bool,
+    /// `fit-rm`: LoRA on the reward model's backbone, a `[reward_lora]` table with
+    /// `[agent_lora]`'s keys (one value each): the backbone frozen (stored as its `base_dtype`
+    /// says), adapters and the head trained, the fitted model saved with the adapters merged
+    /// into its backbone (a whole Hugging Face directory, as every reward model). Absent: the
+    /// whole backbone trains, or none of it (`reward_freeze_backbone`).
+    pub reward_lora: Option<AgentLora>,
     /// The reward model's head: "last_token" (the reference's) or "pooled_mlp" (each agent's
     /// response pooled, an MLP; `reward_model.rs`).
     #[serde(skip_serializing_if = "RewardHeadKind::is_last_token")]

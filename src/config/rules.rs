@@ -457,7 +457,22 @@ impl Config {
     /// pbrl's anchored MADPO and keep-best rules.
     fn validate_training_extras(&self) -> Result<(), ConfigError> {
         if let Some(lora) = &self.agent_lora {
-            lora.validate(self.num_actors())?;
+            lora.validate(self.num_actors(), "agent_lora")?;
+        }
+        if let Some(lora) = &self.reward_lora {
+            if lora.per_agent() {
+                return err("reward_lora takes one value per key: the reward model has one backbone");
+            }
+            lora.validate(1, "reward_lora")?;
+            if self.reward_freeze_backbone {
+                return err(
+                    "reward_lora trains adapters on the reward model's backbone, which reward_freeze_backbone \
+                            = true freezes: set one of them",
+                );
+            }
+            if lora.save_merged {
+                return err("reward_lora.save_merged: a reward model is always saved merged into its backbone");
+            }
         }
         if self.reference_model_name.is_some() && !self.madpo_reference && !self.madpo_log_kl {
             return err(

@@ -165,38 +165,45 @@ impl AgentLora {
         (*self.r.of(i) as usize, *self.alpha.of(i), targets, *self.use_rslora.of(i))
     }
 
-    /// The table's rules, lists checked against `actors`.
-    pub(super) fn validate(&self, actors: usize) -> Result<(), super::ConfigError> {
+    /// Whether any key gives one value per agent (a list).
+    pub fn per_agent(&self) -> bool {
+        matches!(self.r, PerActor::Each(_))
+            || matches!(self.alpha, PerActor::Each(_))
+            || matches!(self.target_modules, PerActor::Each(_))
+            || matches!(self.use_rslora, PerActor::Each(_))
+    }
+
+    /// The table's rules, lists checked against `actors`; `key` names the table in errors.
+    pub(super) fn validate(&self, actors: usize, key: &str) -> Result<(), super::ConfigError> {
         let bad = |m: String| Err(super::ConfigError(m));
-        self.r.check_len(actors, "agent_lora.r")?;
-        self.alpha.check_len(actors, "agent_lora.alpha")?;
-        self.target_modules.check_len(actors, "agent_lora.target_modules")?;
-        self.use_rslora.check_len(actors, "agent_lora.use_rslora")?;
+        self.r.check_len(actors, &format!("{key}.r"))?;
+        self.alpha.check_len(actors, &format!("{key}.alpha"))?;
+        self.target_modules.check_len(actors, &format!("{key}.target_modules"))?;
+        self.use_rslora.check_len(actors, &format!("{key}.use_rslora"))?;
         if self.r.values().iter().any(|r| !(1..=1024).contains(*r)) {
-            return bad("agent_lora.r must be in [1, 1024].".into());
+            return bad(format!("{key}.r must be in [1, 1024]."));
         }
         if self.alpha.values().iter().any(|a| !(**a > 0.0 && a.is_finite())) {
-            return bad("agent_lora.alpha must be > 0.".into());
+            return bad(format!("{key}.alpha must be > 0."));
         }
         if self.dropout != 0.0 {
-            return bad("agent_lora.dropout: only 0 is implemented (pbrl applies no dropout to the adapters).".into());
+            return bad(format!("{key}.dropout: only 0 is implemented (pbrl applies no dropout to the adapters)."));
         }
         for Modules(modules) in self.target_modules.values() {
             if modules.is_empty() {
-                return bad("agent_lora.target_modules is empty: name projections or use [\"all-linear\"].".into());
+                return bad(format!("{key}.target_modules is empty: name projections or use [\"all-linear\"]."));
             }
             let all = modules.iter().any(|t| t == "all-linear");
             if let Some(t) = modules.iter().find(|t| !LORA_PROJECTIONS.contains(&t.as_str()) && !all) {
                 return bad(format!(
-                    "agent_lora.target_modules: `{t}` is not one of {LORA_PROJECTIONS:?} or \"all-linear\"."
+                    "{key}.target_modules: `{t}` is not one of {LORA_PROJECTIONS:?} or \"all-linear\"."
                 ));
             }
             if all && modules.len() > 1 {
-                return bad(
-                    "agent_lora.target_modules: \"all-linear\" stands alone (one list per agent: a list of lists, \
+                return bad(format!(
+                    "{key}.target_modules: \"all-linear\" stands alone (one list per agent: a list of lists, \
                      [[\"q_proj\"], \"all-linear\"])."
-                        .into(),
-                );
+                ));
             }
         }
         Ok(())

@@ -35,7 +35,7 @@ use super::{JointRewardModel, JointRow};
 use crate::algo::bradley_terry::{bradley_terry_loss, pair_stats, within_prompt_order, PairStats};
 use crate::device::{ensure_fits, parse_device, sum_of_largest};
 use crate::model::batch::distinct_rows;
-use crate::model::linear::FrozenStorage;
+use crate::model::lora::LoraSpec;
 use crate::model::{LoadedModel, Mode};
 use crate::oracle::Oracle;
 use crate::prefs::replay::training_pairs;
@@ -172,10 +172,19 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
 
     let (source, device) = cfg.reward_model_source()?;
     let device = parse_device(&device, "reward_model_device")?;
-    // A frozen backbone is only read: stored as `frozen_dtype` says, before the head joins it.
-    let storage = if cfg.reward_freeze_backbone { frozen_storage(cfg.frozen_dtype) } else { FrozenStorage::F32 };
+    // The backbone, before the head joins its variables: trained whole; frozen and only read
+    // (stored as `frozen_dtype` says); or frozen under LoRA adapters (`reward_lora`).
     let backbone = LoadedModel::load_backbone(&source, &device)
-        .and_then(|b| b.stored(storage))
+        .and_then(|b| match &cfg.reward_lora {
+            Some(lora) => {
+                let (r, alpha, target_modules, use_rslora) = lora.shape_of(0);
+                let base = b.into_frozen_base(frozen_storage(Some(lora.base_dtype)))?;
+                let spec = LoraSpec { r, alpha, target_modules, use_rslora };
+                LoadedModel::with_lora(&base, &spec, derive_seed(cfg.seed, &[purpose::REWARD_LORA_INIT]))
+            }
+            None if cfg.reward_freeze_backbone => b.stored(frozen_storage(cfg.frozen_dtype)),
+            None => Ok(b),
+        })
         .with_context(|| format!("loading the reward model's backbone `{source}`"))?;
     let max_length = cfg.reward_max_length.map(|m| m as usize);
     let context = backbone.model.config.context_length();

@@ -326,15 +326,18 @@ impl JointRewardModel {
     /// Save into `dir`, all or nothing (a previous reward model there is replaced in one atomic
     /// exchange once the new one is complete).
     pub fn save(&self, dir: &Path) -> Result<()> {
-        // A backbone stored for reading only (`frozen_dtype`) was never trained: the saved one
-        // is its source as on disk, which a reader stores the same way again.
+        // A backbone under LoRA adapters is saved merged into a whole one; a backbone stored for
+        // reading only (`frozen_dtype`) was never trained: the saved one is its source as on
+        // disk, which a reader stores the same way again.
         let stored = !self.backbone.varmap.data().lock().expect("VarMap lock").keys().any(|k| !k.starts_with(HEAD));
         crate::run::atomic::install_dir(dir, |tmp| {
-            match stored {
-                true => LoadedModel::load_backbone(&self.backbone.source, &self.device)
+            let backbone = tmp.join(BACKBONE_DIR);
+            match (&self.backbone.lora, stored) {
+                (Some(_), _) => self.backbone.merged()?.save_hf_dir(&backbone, None)?,
+                (None, true) => LoadedModel::load_backbone(&self.backbone.source, &self.device)
                     .with_context(|| format!("reloading the backbone `{}` to save it", self.backbone.source))?
-                    .save_hf_dir(&tmp.join(BACKBONE_DIR), None)?,
-                false => self.backbone.save_hf_dir(&tmp.join(BACKBONE_DIR), None)?,
+                    .save_hf_dir(&backbone, None)?,
+                (None, false) => self.backbone.save_hf_dir(&backbone, None)?,
             }
             let (tensors, pooling, mlp_hidden) = match &self.head {
                 Head::LastToken(h) => (h.tensors(), LAST_TOKEN, None),
