@@ -66,6 +66,15 @@ fn three_rounds_against_the_current_team_then_an_exact_resume() {
     }
     assert!(d.join("run/iterate/round_0000.json").is_file(), "the base evaluation");
     assert!(d.join("run/iterate/eval_reward.svg").is_file());
+    // The round-by-round summary `scripts/quickstart.sh` prints after an iterate job.
+    let summary = std::process::Command::new("python3")
+        .arg(common::repo().join("scripts/iterate_summary.py"))
+        .arg(d.join("run"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&summary.stdout);
+    assert!(summary.status.success(), "{text}{}", String::from_utf8_lossy(&summary.stderr));
+    assert!(text.lines().any(|l| l.starts_with("| 3 |")), "{text}");
     let hist: serde_json::Value =
         serde_json::from_slice(&bytes(d, "run/reward_distributions/iteration_0002.json")).unwrap();
     for side in ["target", "comparator"] {
