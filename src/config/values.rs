@@ -118,11 +118,11 @@ pub enum PerActor<T> {
 }
 
 impl<T> PerActor<T> {
-    /// Actor `i`'s value (a list's length is checked against the actors by [`Self::check_len`]).
+    /// Actor `i`'s value (a validated config's lists have one entry per actor: [`Self::check_len`]).
     pub fn of(&self, i: usize) -> &T {
         match self {
             PerActor::One(v) => v,
-            PerActor::Each(v) => &v[i.min(v.len() - 1)],
+            PerActor::Each(v) => &v[i],
         }
     }
 
@@ -150,10 +150,10 @@ impl<T> PerActor<T> {
 impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for PerActor<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let value = toml::Value::deserialize(d)?;
-        if let Ok(one) = T::deserialize(value.clone()) {
-            return Ok(PerActor::One(one));
-        }
-        let one_error = T::deserialize(value.clone()).err().map(|e| e.to_string()).unwrap_or_default();
+        let one_error = match T::deserialize(value.clone()) {
+            Ok(one) => return Ok(PerActor::One(one)),
+            Err(e) => e.to_string(),
+        };
         match value {
             toml::Value::Array(items) => items
                 .into_iter()
