@@ -31,6 +31,7 @@ impl Default for Config {
             eval_split: EvalSplit::EvalFile,
             keep_best: false,
             lr_scheduler_type: LrSchedule::Constant,
+            gradient_checkpointing: false,
             reward_eval_fraction: 0.1,
             reward_fresh_samples: 4,
             num_train_epochs: 20,

@@ -121,6 +121,7 @@ fn all_fields(cfg: &Config) -> toml::Value {
     let mut t = toml::Table::new();
     t.insert("reward_head".into(), toml::Value::try_from(cfg.reward_head).expect("serializes"));
     t.insert("lr_scheduler_type".into(), toml::Value::try_from(cfg.lr_scheduler_type).expect("serializes"));
+    t.insert("gradient_checkpointing".into(), toml::Value::Boolean(cfg.gradient_checkpointing));
     toml::Value::Table(t)
 }
 

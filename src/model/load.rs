@@ -224,6 +224,13 @@ impl LoadedModel {
         }
     }
 
+    /// Train with activation checkpointing (`gradient_checkpointing`, `checkpoint.rs`): the
+    /// decoder layers keep their inputs only and are recomputed in the backward pass.
+    pub fn checkpoint_layers(&mut self) {
+        let vars = self.varmap.all_vars().into_iter().map(|v| v.as_tensor().clone()).collect();
+        self.model.backbone.checkpoint = Some(std::sync::Arc::new(vars));
+    }
+
     /// The name of the first weight variable (in name order) with a NaN or infinite value.
     pub fn first_non_finite_weight(&self) -> Result<Option<String>> {
         let data = self.varmap.data().lock().expect("VarMap lock");

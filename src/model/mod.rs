@@ -2,6 +2,7 @@
 //! chat template, batched sampling and log-prob scoring. It knows nothing of preferences.
 pub mod batch;
 pub mod chat_template;
+pub mod checkpoint;
 pub mod config;
 pub mod gemm;
 pub mod heads;

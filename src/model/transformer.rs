@@ -75,6 +75,7 @@ pub struct RotaryEmbedding {
 }
 
 /// cos/sin gathered at a batch's position ids: (b, s, head_dim / 2).
+#[derive(Clone)]
 pub struct RopeSlice {
     cos: Tensor,
     sin: Tensor,
@@ -264,19 +265,6 @@ impl DecoderLayer {
     }
 }
 
-/// The embedding rows `x` (one per id) with those of token `pad` cut from the graph: the same
-/// values, but no gradient reaches the embedding through them (`nn.Embedding(padding_idx)`).
-fn detach_rows_of(x: &Tensor, ids: &Tensor, pad: u32) -> Result<Tensor> {
-    let ids: Vec<u32> = ids.to_vec1()?;
-    if !ids.contains(&pad) {
-        return Ok(x.clone());
-    }
-    let keep: Vec<f32> = ids.iter().map(|&i| if i == pad { 0.0 } else { 1.0 }).collect();
-    let keep = Tensor::from_vec(keep, (ids.len(), 1), x.device())?.to_dtype(x.dtype())?;
-    let dropped = (1.0 - &keep)?;
-    Ok((x.broadcast_mul(&keep)? + x.detach().broadcast_mul(&dropped)?)?)
-}
-
 /// The transformer backbone: embeddings, decoder layers, final norm. It maps token ids to final
 /// hidden states; what reads them is a head (the LM head of a `CausalLm`, a reward model's or a
 /// critic's value head).
@@ -290,6 +278,10 @@ pub struct Backbone {
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     rotary: RotaryEmbedding,
+    /// Activation checkpointing of the decoder layers in training passes
+    /// (`gradient_checkpointing`): the trained variables whose gradients the recomputation
+    /// hands on (`checkpoint.rs`); `None`: every activation kept.
+    pub checkpoint: Option<std::sync::Arc<Vec<Tensor>>>,
 }
 
 impl Backbone {
@@ -302,7 +294,7 @@ impl Backbone {
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::load(&m, cfg.hidden_size, "norm", cfg.rms_norm_eps)?;
         let rotary = RotaryEmbedding::new(cfg, vb.dtype(), vb.device())?;
-        Ok(Self { config: cfg.clone(), dtype: vb.dtype(), embed_tokens, layers, norm, rotary })
+        Ok(Self { config: cfg.clone(), dtype: vb.dtype(), embed_tokens, layers, norm, rotary, checkpoint: None })
     }
 
     pub fn device(&self) -> &Device {
@@ -383,12 +375,23 @@ impl Backbone {
         let flat = ids.flatten_all()?;
         let mut x = self.embed_tokens.index_select(&flat, 0)?.to_dtype(self.dtype)?;
         if let (Mode::Train, Some(pad)) = (mode, self.config.pad_token_id) {
-            x = detach_rows_of(&x, &flat, pad)?;
+            x = ops::detach_rows_of(&x, &flat, pad)?;
         }
-        for (i, layer) in self.layers.iter().enumerate() {
-            let slot = cache.as_deref_mut().map(|c| (&mut c.layers[i], c.capacity));
-            // Each layer's activations are freed as soon as the next layer has its output.
-            x = without_graph(layer.forward(&x, (b, s), &rope, bias, slot, mode)?, mode);
+        match (&self.checkpoint, mode, cache.is_none()) {
+            (Some(params), Mode::Train, true) => {
+                let (layers, bias) = (self.layers.clone(), bias.clone());
+                let f = move |l: usize, h: &Tensor| {
+                    layers[l].forward(h, (b, s), &rope, &bias, None, Mode::Train).map_err(candle_core::Error::wrap)
+                };
+                x = super::checkpoint::checkpointed(&x, self.layers.len(), std::sync::Arc::new(f), params.clone())?;
+            }
+            _ => {
+                for (i, layer) in self.layers.iter().enumerate() {
+                    let slot = cache.as_deref_mut().map(|c| (&mut c.layers[i], c.capacity));
+                    // Each layer's activations are freed as soon as the next layer has its output.
+                    x = without_graph(layer.forward(&x, (b, s), &rope, bias, slot, mode)?, mode);
+                }
+            }
         }
         Ok(without_graph(self.norm.forward(&x, mode)?, mode))
     }

@@ -191,7 +191,7 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     if let Some(m) = max_length.filter(|&m| m > context) {
         bail!("reward_max_length = {m} is beyond the context of the reward model's backbone `{source}` ({context})");
     }
-    let rm = JointRewardModel::fresh(
+    let mut rm = JointRewardModel::fresh(
         backbone,
         cfg.num_agents as usize,
         max_length,
@@ -199,6 +199,10 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
         cfg.reward_head_hidden(),
         derive_seed(cfg.seed, &[purpose::REWARD_HEAD]),
     )?;
+    if cfg.gradient_checkpointing && !cfg.reward_freeze_backbone {
+        rm.backbone.checkpoint_layers();
+    }
+    let rm = rm;
     let encode = |p: &PreferencePair| -> Result<EncodedPair> {
         Ok(EncodedPair {
             winner: rm.encode(&p.prompts, &p.winner_completions)?,

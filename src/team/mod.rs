@@ -205,6 +205,15 @@ pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
     load_members(cfg, run_dir, &Members::Current)
 }
 
+/// The run's current team to train: its layers checkpointed when `gradient_checkpointing` asks.
+pub fn load_training_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
+    let mut team = load_team(cfg, run_dir)?;
+    if cfg.gradient_checkpointing {
+        team.iter_mut().for_each(|a| a.model.checkpoint_layers());
+    }
+    Ok(team)
+}
+
 /// Load a team of the given members, each actor on its device with its prompt recipe.
 pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<Vec<Agent>> {
     let roles = cfg.num_agents as usize;

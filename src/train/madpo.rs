@@ -31,7 +31,7 @@ use crate::prefs::{check_actors, round_path, PreferencePair};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::RunDir;
 use crate::team::collab::Collaboration;
-use crate::team::{load_reference_team, load_team, Agent};
+use crate::team::{load_reference_team, load_training_team, Agent};
 use crate::train::session::{Session, TrainingData, TrainingSummary};
 
 pub struct TrainOptions {
@@ -110,7 +110,7 @@ pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<Opti
     }
     let n = cfg.num_actors();
     check_actors(&pairs, n, &cfg.team_setup())?;
-    let team = load_team(cfg, run_dir)?;
+    let team = load_training_team(cfg, run_dir)?;
     let last = scorer(Collaboration::from_config(cfg).is_centralized(), cfg.score_last_token);
     let max_new = cfg.max_new_tokens();
     check_pairs_fit(&team, &pairs, &max_new, last, cfg.pairs_per_update())?;

@@ -231,3 +231,16 @@ mod norm;
 mod softmax;
 #[cfg(test)]
 mod tests;
+
+/// The embedding rows `x` (one per id) with those of token `pad` cut from the graph: the same
+/// values, but no gradient reaches the embedding through them (`nn.Embedding(padding_idx)`).
+pub fn detach_rows_of(x: &Tensor, ids: &Tensor, pad: u32) -> Result<Tensor> {
+    let ids: Vec<u32> = ids.to_vec1()?;
+    if !ids.contains(&pad) {
+        return Ok(x.clone());
+    }
+    let keep: Vec<f32> = ids.iter().map(|&i| if i == pad { 0.0 } else { 1.0 }).collect();
+    let keep = Tensor::from_vec(keep, (ids.len(), 1), x.device())?.to_dtype(x.dtype())?;
+    let dropped = (1.0 - &keep)?;
+    Ok((x.broadcast_mul(&keep)? + x.detach().broadcast_mul(&dropped)?)?)
+}

@@ -16,7 +16,7 @@ use crate::run::RunDir;
 use crate::task::split::train_items;
 use crate::task::TaskItem;
 use crate::team::rollout::{rollout, Rollout};
-use crate::team::{check_fits, load_reference_team, load_team, Agent};
+use crate::team::{check_fits, load_reference_team, load_training_team, Agent};
 
 /// Joint texts per reward-model forward pass.
 pub(super) const SCORE_BATCH: usize = 8;
@@ -81,7 +81,7 @@ impl Setup {
         if items.is_empty() {
             bail!("no train items to learn from");
         }
-        let team = load_team(cfg, run_dir)?;
+        let team = load_training_team(cfg, run_dir)?;
         let rows = shape.items_per_buffer.saturating_mul(cfg.num_generations as usize);
         check_fits(&team, &items, &cfg.max_new_tokens(), (rows, shape.buffer_keys), "train")?;
         for agent in &team {
