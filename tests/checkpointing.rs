@@ -51,10 +51,10 @@ fn checkpointed_layers_give_the_plain_gradients() {
     }
 }
 
-/// `train-madpo` with `gradient_checkpointing = true` saves the agents it saves without (the
-/// same updates up to the order of the gradients' sums).
+/// `train-madpo`, `fit-rm` and `train-marlhf` with `gradient_checkpointing = true` save the
+/// models they save without (the same updates up to the order of the gradients' sums).
 #[test]
-fn train_madpo_with_checkpointed_layers_trains_the_same_agents() {
+fn training_stages_with_checkpointed_layers_train_the_same_models() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     tiny_model(Architecture::Llama, true, 31, DType::F32).unwrap().save_hf_dir(&d.join("tiny"), None).unwrap();
@@ -90,4 +90,17 @@ fn train_madpo_with_checkpointed_layers_trains_the_same_agents() {
         (common::metric_values(&d.join("run"), "madpo/loss"), common::metric_values(&d.join("ck"), "madpo/loss"));
     assert_eq!(a.len(), b.len());
     assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-6), "{a:?} against {b:?}");
+    // fit-rm (the whole backbone trains) and train-marlhf (MAGRPO) the same way.
+    for stage in ["fit-rm", "train-marlhf"] {
+        common::ok(common::pbrl(&[stage, "--config", "c.toml"], d));
+        common::ok(common::pbrl(&[stage, "--config", "c.toml", "--run-dir", "ck", "gradient_checkpointing=true"], d));
+    }
+    for file in ["reward_model/backbone/model.safetensors", "agents/agent_1/model.safetensors"] {
+        let plain = candle_core::safetensors::load(d.join("run").join(file), &Device::Cpu).unwrap();
+        let ck = candle_core::safetensors::load(d.join("ck").join(file), &Device::Cpu).unwrap();
+        for (name, t) in &plain {
+            let diff = common::max_abs_diff(t, &ck[name]);
+            assert!(diff < 1e-5, "{file} {name}: {diff}");
+        }
+    }
 }
