@@ -101,6 +101,24 @@ fn fit_rm_orders_its_pairs_and_saves_a_loadable_reward_model() {
 
 /// The pooled head (per-agent response means and token counts, an MLP) fits its pairs on the
 /// frozen backbone's features, and is saved with its description.
+/// The fresh-sample order is also measured on the train items `eval_split` holds out of
+/// collection (never in a round), with or without held-out pairs.
+#[test]
+fn fresh_samples_of_the_items_eval_split_holds_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "eval_split = 0.25");
+    let o = ok(pbrl(&["fit-rm", "--config", "c.toml"], d));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("fresh samples of 4 held-out items"), "2 of the pairs', 2 of eval_split's: {out}");
+    std::fs::create_dir_all(d.join("all/preference_replay")).unwrap();
+    let round = "preference_replay/iteration_0001.json";
+    std::fs::copy(d.join("run").join(round), d.join("all").join(round)).unwrap();
+    let o = ok(pbrl(&["fit-rm", "--config", "c.toml", "--run-dir", "all", "reward_eval_fraction=0"], d));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("fresh samples of 2 held-out items"), "eval_split's alone: {out}");
+}
+
 #[test]
 fn the_pooled_head_orders_its_pairs_and_is_saved_as_one() {
     let dir = tempfile::tempdir().unwrap();

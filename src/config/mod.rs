@@ -140,9 +140,10 @@ pub struct Config {
     /// Share of the selected pairs `fit-rm` holds out to report the reward model's accuracy
     /// on pairs it was not fitted on (0: none).
     pub reward_eval_fraction: f64,
-    /// Fresh joint responses the current team samples per held-out item after `fit-rm`, to
-    /// measure how well the reward model orders samples of one prompt (`rm/fresh_rank_acc`,
-    /// what MAGRPO's advantages read); 2 to 64, or 0: not measured.
+    /// Fresh joint responses the current team samples per held-out item after `fit-rm` (the
+    /// held-out pairs' items and those `eval_split` holds out of collection), to measure how
+    /// well the reward model orders samples of one prompt (`rm/fresh_rank_acc`, what MAGRPO's
+    /// advantages read); 2 to 64, or 0: not measured.
     pub reward_fresh_samples: i64,
 
     // --- reference MADPOConfig fields -------------------------------------------------------

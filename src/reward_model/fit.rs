@@ -19,7 +19,8 @@
 //!    the epochs train the head on them (one backbone pass per text, not one per epoch);
 //! 5. save the reward model to `<run_dir>/reward_model/` (backbone, head, joint-text format);
 //! 6. the order RL reads: the current team samples `reward_fresh_samples` fresh joint responses
-//!    to each held-out item; `rm/fresh_rank_acc` is the share of their pairs with an oracle gap
+//!    to each held-out item (the held-out pairs' items, and the train items `eval_split` holds
+//!    out of collection that no fitted pair has); `rm/fresh_rank_acc` is the share of their pairs with an oracle gap
 //!    that the reward model orders the oracle's way (held-out pairs are a round's extremes, and
 //!    a model can order those while it ranks one prompt's typical samples at chance), written
 //!    with the model as `fit_report.json` for `train-marlhf` to warn on.
@@ -42,7 +43,8 @@ use crate::prefs::replay::training_pairs;
 use crate::prefs::{check_actors, round_path, PreferencePair};
 use crate::rng::{derive_seed, purpose};
 use crate::run::{atomic_write, RunDir};
-use crate::task::split::{choose_held_out_groups, train_items};
+use crate::task::split::{choose_held_out_groups, held_out_items, train_items};
+use crate::task::TaskItem;
 use crate::team::rollout::rollout;
 use crate::team::{check_fits, frozen_storage, load_team};
 use crate::train::session::{Plan, Session, TrainingData};
@@ -168,6 +170,7 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
         (pairs.iter().collect(), Vec::new())
     };
     let held_prompts: HashSet<Vec<String>> = held.iter().map(|p| p.prompts.clone()).collect();
+    let fitted_prompts: HashSet<Vec<String>> = train.iter().map(|p| p.prompts.clone()).collect();
     let held_items = held_prompts.len();
 
     let (source, device) = cfg.reward_model_source()?;
@@ -296,7 +299,7 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     crate::run::team::check_finite("the reward model", &rm.backbone)?;
     let out_dir = run_dir.reward_model();
     rm.save(&out_dir)?;
-    let fresh_rank = fresh_rank(cfg, run_dir, &rm, &held_prompts)?;
+    let fresh_rank = fresh_rank(cfg, run_dir, &rm, &held_prompts, &fitted_prompts)?;
     if let Some(f) = &fresh_rank {
         run_dir.log_metrics(&json!({"stage": "fit-rm", "rm/fresh_rank_acc": f.fresh_rank_acc,
             "rm/fresh_rank_pairs": f.fresh_rank_pairs, "rm/fresh_rank_items": f.fresh_rank_items}))?;
@@ -319,25 +322,32 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
 }
 
 /// Step 6: `reward_fresh_samples` fresh joint responses of the current team to each held-out
-/// train item (the items whose rendered prompts are those of the held-out pairs), scored by the
-/// oracle and by the reward model; how often the model orders a prompt's samples the oracle's
-/// way. `None` when not asked for, or when no held-out pair's prompts are a train item's
+/// train item, scored by the oracle and by the reward model; how often the model orders a
+/// prompt's samples the oracle's way. The held-out items: those whose rendered prompts are the
+/// held-out pairs', then those `eval_split` holds out of collection, unless a fitted pair has
+/// their prompts (a round of other settings). `None` when not asked for, or when there are none
 /// (rounds of another task).
 fn fresh_rank(
     cfg: &crate::config::Config,
     run_dir: &RunDir,
     rm: &JointRewardModel,
     held_prompts: &HashSet<Vec<String>>,
+    fitted_prompts: &HashSet<Vec<String>>,
 ) -> Result<Option<FreshRank>> {
     let k = cfg.reward_fresh_samples as usize;
-    if k < 2 || held_prompts.is_empty() {
+    if k < 2 {
         return Ok(None);
     }
     let team = load_team(cfg, run_dir)?;
+    let prompts_of = |item: &TaskItem| team.iter().map(|a| a.prompt_for(item)).collect::<Result<Vec<_>>>();
     let mut items = Vec::new();
     for (_, item) in train_items(cfg)? {
-        let prompts = team.iter().map(|a| a.prompt_for(&item)).collect::<Result<Vec<_>>>()?;
-        if held_prompts.contains(&prompts) {
+        if held_prompts.contains(&prompts_of(&item)?) {
+            items.push(item);
+        }
+    }
+    for item in held_out_items(cfg)? {
+        if !fitted_prompts.contains(&prompts_of(&item)?) {
             items.push(item);
         }
     }
