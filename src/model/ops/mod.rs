@@ -242,5 +242,5 @@ pub fn detach_rows_of(x: &Tensor, ids: &Tensor, pad: u32) -> Result<Tensor> {
     let keep: Vec<f32> = ids.iter().map(|&i| if i == pad { 0.0 } else { 1.0 }).collect();
     let keep = Tensor::from_vec(keep, (ids.len(), 1), x.device())?.to_dtype(x.dtype())?;
     let dropped = (1.0 - &keep)?;
-    Ok((x.broadcast_mul(&keep)? + x.detach().broadcast_mul(&dropped)?)?)
+    x.broadcast_mul(&keep)? + x.detach().broadcast_mul(&dropped)?
 }
