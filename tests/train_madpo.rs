@@ -5,7 +5,7 @@ use common::{ok, pbrl};
 
 use std::path::Path;
 
-use candle_core::DType;
+use candle_core::{DType, Device};
 use pbrl::model::{tiny::tiny_model, Architecture};
 
 /// Tiny agents, 4 items, a round of pairs collected from them.
@@ -292,4 +292,42 @@ fn eval_chooses_its_team() {
     let o = pbrl(&["eval", "--config", "c.toml", "task.eval_file=train.jsonl", "--team", "nowhere"], d);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("nowhere"));
+}
+
+/// `train-madpo`, `fit-rm` and `train-marlhf` with `gradient_checkpointing = true` save the
+/// models they save without (the same updates up to the order of the gradients' sums).
+#[test]
+fn training_stages_with_checkpointed_layers_train_the_same_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_train_epochs = 2");
+    copy_round(d, "ck");
+    ok(pbrl(&["train-madpo", "--config", "c.toml"], d));
+    ok(pbrl(&["train-madpo", "--config", "c.toml", "--run-dir", "ck", "gradient_checkpointing=true"], d));
+    for i in 0..2 {
+        let file = format!("agents/agent_{i}/model.safetensors");
+        let plain = candle_core::safetensors::load(d.join("run").join(&file), &Device::Cpu).unwrap();
+        let ck = candle_core::safetensors::load(d.join("ck").join(&file), &Device::Cpu).unwrap();
+        for (name, t) in &plain {
+            let diff = common::max_abs_diff(t, &ck[name]);
+            assert!(diff < 1e-5, "agent {i} {name}: {diff}");
+        }
+    }
+    let (a, b) =
+        (common::metric_values(&d.join("run"), "madpo/loss"), common::metric_values(&d.join("ck"), "madpo/loss"));
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-6), "{a:?} against {b:?}");
+    // fit-rm (the whole backbone trains) and train-marlhf (MAGRPO) the same way.
+    for stage in ["fit-rm", "train-marlhf"] {
+        ok(pbrl(&[stage, "--config", "c.toml"], d));
+        ok(pbrl(&[stage, "--config", "c.toml", "--run-dir", "ck", "gradient_checkpointing=true"], d));
+    }
+    for file in ["reward_model/backbone/model.safetensors", "agents/agent_1/model.safetensors"] {
+        let plain = candle_core::safetensors::load(d.join("run").join(file), &Device::Cpu).unwrap();
+        let ck = candle_core::safetensors::load(d.join("ck").join(file), &Device::Cpu).unwrap();
+        for (name, t) in &plain {
+            let diff = common::max_abs_diff(t, &ck[name]);
+            assert!(diff < 1e-5, "{file} {name}: {diff}");
+        }
+    }
 }
