@@ -283,7 +283,11 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
                 if let Some(k) = bases.iter().position(|(k, _)| *k == key) {
                     return Ok(k);
                 }
-                bases.push((key, load(base)?.into_frozen_base(base_storage)?));
+                // `into_frozen_base` refuses a non-finite weight itself: the base is scanned once.
+                let loaded = LoadedModel::load(base, &device)
+                    .with_context(|| format!("loading agent {i}'s base `{base}`"))?
+                    .into_frozen_base(base_storage)?;
+                bases.push((key, loaded));
                 Ok(bases.len() - 1)
             };
             let saved_adapter = std::path::Path::new(&source).join(crate::model::lora::ADAPTER_CONFIG).is_file();
