@@ -10,16 +10,20 @@ prompts: this chooses heads). Each head variant is fitted from 3 seeds.
 
   python3 scripts/study/rm_head_probe.py ROUND.json EVAL_REPORT.json RM_DIR [--cut AGENT:TOKENS]
 
-RM_DIR: a saved reward model (its `backbone/` is read with transformers, frozen). `--cut 1:128`
+RM_DIR: a saved reward model (its `backbone/` is read with transformers, frozen; its own pooled
+head is scored too, so a model fitted with `[reward_lora]`, its adapters merged into the saved
+backbone, is measured as it is). `--cut 1:128`
 cuts agent 1's answers to their first 128 tokens (a report sampled with a higher limit then
 stands for the lower one, since sampling stops only at the limit). The task reward is the
-quickstart's length ratio (band [2, 3]). Features are cached next to the report (`.probe.npz`).
+quickstart's length ratio (band [2, 3]). Features are cached next to the report
+(`.<RM_DIR's name>.probe.npz`).
 Needs torch, transformers and tokenizers (the reference venv).
 """
 import argparse, itertools, json, math, os
 import numpy as np
 import torch
 from tokenizers import Tokenizer
+from safetensors.numpy import load_file
 from transformers import AutoModel
 
 
@@ -28,7 +32,7 @@ def band(r, lo=2.0, hi=3.0):
 
 
 def features(args):
-    cache = args.report + ".probe.npz"
+    cache = f"{args.report}.{os.path.basename(os.path.normpath(args.rm))}.probe.npz"
     if os.path.exists(cache):
         return dict(np.load(cache))
     backbone = os.path.join(args.rm, "backbone")
@@ -131,6 +135,12 @@ def main():
     counts = d["F"][:, hidden:]
     print("ceiling: the band on token counts          all %.3f (%d pairs)" % order(
         np.array([counts_only(c) for c in counts]), R, FP, every))
+    saved = load_file(os.path.join(args.rm, "reward_head.safetensors"))
+    w1, b1, w2, b2 = (saved[f"reward_head.{k}"] for k in
+                      ("pre_projection.0.weight", "pre_projection.0.bias", "value_projection.weight", "value_projection.bias"))
+    scores = (np.tanh(d["F"] @ w1.T + b1) @ w2.T + b2)[:, 0]
+    print("RM_DIR's own head                 unseen prompts %.3f  all %.3f" % (
+        order(scores, R, FP, unseen)[0], order(scores, R, FP, every)[0]), flush=True)
     variants = {"pbrl's pooled_mlp": {}, "counts only": dict(cols=[hidden, hidden + 1]),
                 "standardized inputs": dict(std=True), "weight decay 1": dict(wd=1.0),
                 "input dropout 0.5": dict(drop=0.5), "hidden 8": dict(hidden=8), "2 epochs": dict(epochs=2)}

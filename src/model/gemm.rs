@@ -155,15 +155,51 @@ pub fn matmul(
     lhs: Operand,
     rhs: Operand,
 ) -> Result<Vec<f32>, String> {
+    let mut dst = vec![0f32; m * n];
+    gemm_into(family, (m, n, k), &mut dst, Accumulate::No, 1.0, lhs, rhs)?;
+    Ok(dst)
+}
+
+/// Whether [`gemm_into`] adds to what its destination holds or overwrites it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accumulate {
+    No,
+    Yes,
+}
+
+/// `dst (m, n) = [dst +] scale · lhs (m, k) · rhs (k, n)`, `dst` row-major: the scale and the
+/// sum happen in the microkernel's store, so a scaled product added to another (a LoRA
+/// adapter's term on its base projection) costs no pass over the output of its own.
+pub fn gemm_into(
+    family: KernelFamily,
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [f32],
+    accumulate: Accumulate,
+    scale: f32,
+    lhs: Operand,
+    rhs: Operand,
+) -> Result<(), String> {
     lhs.check(m, k, "lhs")?;
     rhs.check(k, n, "rhs")?;
+    if dst.len() != m * n {
+        return Err(format!("gemm: a destination of {} elements for a {m}x{n} product", dst.len()));
+    }
     if !family.available() {
         return Err(format!("gemm: this CPU does not support the {} kernels", family.name()));
     }
-    let mut dst = vec![0f32; m * n];
     if m == 0 || n == 0 {
-        return Ok(dst);
+        return Ok(());
     }
+    if k == 0 {
+        if accumulate == Accumulate::No {
+            dst.fill(0.0);
+        }
+        return Ok(());
+    }
+    let (read_dst, dst_factor) = match accumulate {
+        Accumulate::No => (false, 0.0),
+        Accumulate::Yes => (true, 1.0),
+    };
     let threads = candle_core::utils::get_num_threads();
     let parallelism = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
     // As `gemm::gemm` does for a row-major destination: compute the transposed product
@@ -177,7 +213,7 @@ pub fn matmul(
         ($simd:expr, $module:path, $n:expr) => {{
             use $module as ukr;
             // SAFETY: the operands hold every element their strides reach (checked above),
-            // dst is a fresh m × n buffer, and `$simd` was checked available on this CPU.
+            // dst is an m × n buffer (checked above), and `$simd` was checked available on this CPU.
             unsafe {
                 gemm_basic_generic::<
                     _,
@@ -196,15 +232,15 @@ pub fn matmul(
                     d,
                     dst_cs,
                     dst_rs,
-                    false,
+                    read_dst,
                     a,
                     a_cs,
                     a_rs,
                     b,
                     b_cs,
                     b_rs,
-                    0.0,
-                    1.0,
+                    dst_factor,
+                    scale,
                     false,
                     false,
                     false,
@@ -236,7 +272,7 @@ pub fn matmul(
             run!(simd, gemm_f32::microkernel::scalar::f32, 1)
         }
     }
-    Ok(dst)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 
 use super::lora::LoraAdapter;
-use super::ops;
+use super::ops::{self, BaseWeight};
 use super::transformer::required;
 
 /// How a frozen base stores its weight matrices (`agent_lora.base_dtype`); activations, norms,
@@ -23,17 +23,10 @@ pub enum FrozenStorage {
     Q8_0,
 }
 
-/// A weight matrix: a tensor (a variable when it trains), or a frozen quantized one.
-#[derive(Debug, Clone)]
-enum Weight {
-    Dense(Tensor),
-    Quantized(Arc<QTensor>),
-}
-
 /// `y = x Wᵀ (+ b)`, applied to a 2-D view of `x` so forward, dX and dW are single GEMMs.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    weight: Weight,
+    weight: BaseWeight,
     bias: Option<Tensor>,
     /// A low-rank adapter whose product is added to the output (`lora.rs`).
     lora: Option<LoraAdapter>,
@@ -44,18 +37,18 @@ impl Linear {
         let vb = vb.pp(name);
         let weight = required(&vb, (out_dim, in_dim), "weight")?;
         let bias = if bias { Some(required(&vb, out_dim, "bias")?) } else { None };
-        Ok(Self { weight: Weight::Dense(weight), bias, lora: None })
+        Ok(Self { weight: BaseWeight::Dense(weight), bias, lora: None })
     }
 
     pub fn from_weight(weight: Tensor) -> Self {
-        Self { weight: Weight::Dense(weight), bias: None, lora: None }
+        Self { weight: BaseWeight::Dense(weight), bias: None, lora: None }
     }
 
     /// (in, out) features.
     pub fn dims(&self) -> (usize, usize) {
         let (out, inp) = match &self.weight {
-            Weight::Dense(w) => w.dims2(),
-            Weight::Quantized(q) => q.shape().dims2(),
+            BaseWeight::Dense(w) => w.dims2(),
+            BaseWeight::Quantized(q) => q.shape().dims2(),
         }
         .expect("a linear weight is 2-D");
         (inp, out)
@@ -64,16 +57,16 @@ impl Linear {
     /// Store this frozen layer's weight as `storage` says (its bias stays as it is). `name` is
     /// the layer's, for errors: q8_0 packs each row in blocks of 32 inputs.
     pub fn store_frozen(&mut self, storage: FrozenStorage, name: &str) -> Result<()> {
-        let Weight::Dense(w) = &self.weight else { bail!("{name} is already stored quantized") };
+        let BaseWeight::Dense(w) = &self.weight else { bail!("{name} is already stored quantized") };
         self.weight = match storage {
             FrozenStorage::F32 => return Ok(()),
-            FrozenStorage::Bf16 => Weight::Dense(w.to_dtype(DType::BF16)?),
+            FrozenStorage::Bf16 => BaseWeight::Dense(w.to_dtype(DType::BF16)?),
             FrozenStorage::Q8_0 => {
                 let (inp, _) = self.dims();
                 if inp % GgmlDType::Q8_0.block_size() != 0 {
                     bail!("\"q8_0\" packs rows in blocks of 32: {name} has {inp} inputs");
                 }
-                Weight::Quantized(Arc::new(QTensor::quantize(w, GgmlDType::Q8_0)?))
+                BaseWeight::Quantized(Arc::new(QTensor::quantize(w, GgmlDType::Q8_0)?))
             }
         };
         Ok(())
@@ -99,17 +92,21 @@ impl Linear {
             out.push(y.dim(1)?);
             return Ok(y.reshape(out)?);
         }
-        let y = match &self.weight {
-            Weight::Dense(w) => ops::linear(x, w)?,
-            Weight::Quantized(q) => ops::quantized_linear(x, q)?,
+        // A LoRA product over a frozen f32 CPU base runs as one op (`ops::lora_linear`);
+        // elsewhere the adapter's term is added to the base's as candle ops.
+        let fused = self.lora.as_ref().filter(|lora| ops::lora_fuses(x, &self.weight, &lora.a, &lora.b));
+        let y = match (fused, &self.weight) {
+            (Some(lora), w) => ops::lora_linear(x, w, &lora.a, &lora.b, lora.scaling)?,
+            (None, BaseWeight::Dense(w)) => ops::linear(x, w)?,
+            (None, BaseWeight::Quantized(q)) => ops::quantized_linear(x, q)?,
         };
         let y = match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         };
-        match &self.lora {
-            Some(adapter) => Ok((y + adapter.delta(x)?)?),
-            None => Ok(y),
+        match (&self.lora, fused) {
+            (Some(lora), None) => Ok((y + lora.delta(x)?)?),
+            _ => Ok(y),
         }
     }
 }

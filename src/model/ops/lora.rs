@@ -1,0 +1,176 @@
+//! A LoRA projection over a frozen base as one op: `y = x Wᵀ + s · (x Aᵀ) Bᵀ`.
+//!
+//! As a composition of candle ops the adapter's term costs three passes over the (rows, out)
+//! output of their own (the thin product's result, its scaling, the sum) and, in backward, a
+//! gradient buffer for each of them plus candle's `zeros + grad` accumulation of each. Here
+//! the adapter's product is added in the GEMM's store (`gemm::gemm_into`), and the backward
+//! computes exactly the three gradients it needs, also summing the two terms of dX in the
+//! store:
+//!
+//! ```text
+//!   v  = G B                 (rows, r)
+//!   dA = s · vᵀ X            (r, in)
+//!   dB = s · Gᵀ (X Aᵀ)       (out, r)      X Aᵀ recomputed: a thin product
+//!   dX = G W + s · v A       (rows, in)    W gets no gradient: it is frozen
+//! ```
+//!
+//! f32 on the CPU only; elsewhere (and for a weight that trains) `linear.rs` keeps the
+//! composition, which computes the same values up to the order of the sums.
+use std::sync::Arc;
+
+use candle_core::quantized::QTensor;
+use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor};
+
+use super::super::gemm::{gemm_into, kernel_choice, matmul, Accumulate, KernelChoice, Operand};
+use super::contiguous_slice;
+
+/// A linear layer's weight matrix (out, in): a tensor (a variable when it trains, possibly
+/// stored in bf16 when frozen), or a frozen quantized one.
+#[derive(Debug, Clone)]
+pub enum BaseWeight {
+    Dense(Tensor),
+    Quantized(Arc<QTensor>),
+}
+
+impl BaseWeight {
+    /// The matrix in f32 on the CPU, contiguous, for one product: a bf16 or q8_0 one is a fresh
+    /// copy, dropped after it.
+    fn cpu_f32(&self) -> Result<Tensor> {
+        match self {
+            BaseWeight::Dense(w) => w.to_dtype(DType::F32)?.contiguous(),
+            BaseWeight::Quantized(q) => q.dequantize(&Device::Cpu),
+        }
+    }
+
+    fn frozen_on_cpu(&self) -> bool {
+        match self {
+            BaseWeight::Dense(w) => {
+                !w.track_op() && w.device().is_cpu() && matches!(w.dtype(), DType::F32 | DType::BF16)
+            }
+            BaseWeight::Quantized(_) => true,
+        }
+    }
+}
+
+/// Whether [`lora_linear`] applies: everything f32 on the CPU and the base weight frozen.
+pub fn lora_fuses(x: &Tensor, w: &BaseWeight, a: &Tensor, b: &Tensor) -> bool {
+    [x, a, b].iter().all(|t| t.device().is_cpu() && t.dtype() == DType::F32) && w.frozen_on_cpu()
+}
+
+/// `x Wᵀ + scaling · (x Aᵀ) Bᵀ` for 2-D x (rows, in), a frozen W (out, in), A (r, in) and
+/// B (out, r); see [`lora_fuses`] for where it applies.
+pub fn lora_linear(x: &Tensor, w: &BaseWeight, a: &Tensor, b: &Tensor, scaling: f64) -> Result<Tensor> {
+    x.contiguous()?.apply_op3(&a.contiguous()?, &b.contiguous()?, LoraLinear { w: w.clone(), scaling: scaling as f32 })
+}
+
+struct LoraLinear {
+    w: BaseWeight,
+    scaling: f32,
+}
+
+fn f32s<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
+    match s {
+        CpuStorage::F32(v) => contiguous_slice(v, l, what),
+        _ => candle_core::bail!("{what}: the fused LoRA product takes f32"),
+    }
+}
+
+/// A CPU storage's f32 elements as `layout` places them (contiguous).
+fn cpu_f32s<'a>(storage: &'a Storage, layout: &Layout, what: &str) -> Result<&'a [f32]> {
+    let Storage::Cpu(s) = storage else { candle_core::bail!("{what}: the fused LoRA product runs on the CPU") };
+    f32s(s, layout, what)
+}
+
+fn gemm_error(e: String) -> candle_core::Error {
+    candle_core::Error::msg(e)
+}
+
+impl LoraLinear {
+    fn choice() -> Result<KernelChoice> {
+        kernel_choice().map_err(gemm_error)
+    }
+}
+
+impl CustomOp3 for LoraLinear {
+    fn name(&self) -> &'static str {
+        "lora-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &CpuStorage,
+        lx: &Layout,
+        a: &CpuStorage,
+        la: &Layout,
+        b: &CpuStorage,
+        lb: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let ((m, inp), (r, _), (out, _)) = (lx.shape().dims2()?, la.shape().dims2()?, lb.shape().dims2()?);
+        let (x, a, b) = (f32s(x, lx, "lora x")?, f32s(a, la, "lora_A")?, f32s(b, lb, "lora_B")?);
+        let choice = Self::choice()?;
+        let w = self.w.cpu_f32()?;
+        let (w_storage, w_layout) = w.storage_and_layout();
+        let w = cpu_f32s(&w_storage, w_layout, "lora base weight")?;
+        let x = Operand::row_major(x, inp);
+        let mut y = vec![0f32; m * out];
+        gemm_into(choice.family(m, out), (m, out, inp), &mut y, Accumulate::No, 1.0, x, Operand::transposed(w, inp))
+            .map_err(gemm_error)?;
+        let u = matmul(choice.family(m, r), m, r, inp, x, Operand::transposed(a, inp)).map_err(gemm_error)?;
+        let (u, bt) = (Operand::row_major(&u, r), Operand::transposed(b, r));
+        gemm_into(choice.family(m, out), (m, out, r), &mut y, Accumulate::Yes, self.scaling, u, bt)
+            .map_err(gemm_error)?;
+        Ok((CpuStorage::F32(y), Shape::from((m, out))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        _y: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let ((m, inp), (r, _), (out, _)) = (x.dims2()?, a.dims2()?, b.dims2()?);
+        let (g, s, choice) = (g.contiguous()?, self.scaling, Self::choice()?);
+        let cpu = |v: Vec<f32>, shape: (usize, usize)| Tensor::from_vec(v, shape, &Device::Cpu);
+        let ((g_storage, g_layout), (x_storage, x_layout)) = (g.storage_and_layout(), x.storage_and_layout());
+        let ((a_storage, a_layout), (b_storage, b_layout)) = (a.storage_and_layout(), b.storage_and_layout());
+        let g_rows = Operand::row_major(cpu_f32s(&g_storage, g_layout, "lora output gradient")?, out);
+        let x_rows = Operand::row_major(cpu_f32s(&x_storage, x_layout, "lora x")?, inp);
+        let a_rows = Operand::row_major(cpu_f32s(&a_storage, a_layout, "lora_A")?, inp);
+        let b_rows = Operand::row_major(cpu_f32s(&b_storage, b_layout, "lora_B")?, r);
+        let v = matmul(choice.family(m, r), m, r, out, g_rows, b_rows).map_err(gemm_error)?;
+        let da = if a.track_op() {
+            let mut da = vec![0f32; r * inp];
+            let vt = Operand::transposed(&v, r);
+            gemm_into(choice.family(r, inp), (r, inp, m), &mut da, Accumulate::No, s, vt, x_rows)
+                .map_err(gemm_error)?;
+            Some(cpu(da, (r, inp))?)
+        } else {
+            None
+        };
+        let db = if b.track_op() {
+            let at = Operand::transposed(a_rows.data, inp);
+            let u = matmul(choice.family(m, r), m, r, inp, x_rows, at).map_err(gemm_error)?;
+            let (gt, u) = (Operand::transposed(g_rows.data, out), Operand::row_major(&u, r));
+            let mut db = vec![0f32; out * r];
+            gemm_into(choice.family(out, r), (out, r, m), &mut db, Accumulate::No, s, gt, u).map_err(gemm_error)?;
+            Some(cpu(db, (out, r))?)
+        } else {
+            None
+        };
+        let dx = if x.track_op() {
+            let w = self.w.cpu_f32()?;
+            let (w_storage, w_layout) = w.storage_and_layout();
+            let w_rows = Operand::row_major(cpu_f32s(&w_storage, w_layout, "lora base weight")?, inp);
+            let (family, v) = (choice.family(m, inp), Operand::row_major(&v, r));
+            let mut dx = vec![0f32; m * inp];
+            gemm_into(family, (m, inp, out), &mut dx, Accumulate::No, 1.0, g_rows, w_rows).map_err(gemm_error)?;
+            gemm_into(family, (m, inp, r), &mut dx, Accumulate::Yes, s, v, a_rows).map_err(gemm_error)?;
+            Some(cpu(dx, (m, inp))?)
+        } else {
+            None
+        };
+        Ok((dx, da, db))
+    }
+}
