@@ -131,8 +131,8 @@ pub struct Config {
     /// (decaying to 1/U of it at the last of U updates), for every training stage.
     #[serde(skip_serializing_if = "LrSchedule::is_constant")]
     pub lr_scheduler_type: LrSchedule,
-    /// Activation checkpointing when the agents or the reward model train: each decoder layer
-    /// keeps its input only and is recomputed in the backward pass (transformers'
+    /// Activation checkpointing when the agents, their critics or the reward model train: each
+    /// decoder layer keeps its input only and is recomputed in the backward pass (transformers'
     /// `gradient_checkpointing`): less memory for about one more forward pass; the same
     /// gradients up to the order of their sums.
     #[serde(skip_serializing_if = "std::ops::Not::not")]

@@ -319,10 +319,14 @@ fn build_critics(cfg: &Config, team: &[Agent]) -> Result<Critics> {
     };
     let load = |i: usize, source: &str, hidden_dim: Option<usize>, rng: &mut ChaCha8Rng| -> Result<Critic> {
         let device = parse_device(&devices[i], &format!("critic_devices[{i}]"))?;
-        let model =
+        let mut model =
             LoadedModel::load_backbone(source, &device).with_context(|| format!("loading critic {i} `{source}`"))?;
         let hidden = model.model.config.hidden_size;
         let head = ValueHead::init(&model.varmap, VALUE_HEAD, hidden, hidden_dim, rng, &device)?;
+        // A critic trains its whole backbone, as the actors do: checkpointed the same way.
+        if cfg.gradient_checkpointing {
+            model.checkpoint_layers();
+        }
         Ok(Critic { model, head })
     };
     Ok(match cfg.modes.marlhf {
