@@ -21,7 +21,7 @@ use std::sync::Arc;
 use candle_core::quantized::QTensor;
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor};
 
-use super::super::gemm::{gemm_into, kernel_choice, matmul, Accumulate, KernelChoice, Operand};
+use super::super::gemm::{gemm_into, kernel_choice, matmul, Accumulate, Operand};
 use super::contiguous_slice;
 
 /// A linear layer's weight matrix (out, in): a tensor (a variable when it trains, possibly
@@ -47,7 +47,7 @@ impl BaseWeight {
             BaseWeight::Dense(w) => {
                 !w.track_op() && w.device().is_cpu() && matches!(w.dtype(), DType::F32 | DType::BF16)
             }
-            BaseWeight::Quantized(_) => true,
+            BaseWeight::Quantized(q) => q.device().is_cpu(),
         }
     }
 }
@@ -85,12 +85,6 @@ fn gemm_error(e: String) -> candle_core::Error {
     candle_core::Error::msg(e)
 }
 
-impl LoraLinear {
-    fn choice() -> Result<KernelChoice> {
-        kernel_choice().map_err(gemm_error)
-    }
-}
-
 impl CustomOp3 for LoraLinear {
     fn name(&self) -> &'static str {
         "lora-linear"
@@ -107,7 +101,7 @@ impl CustomOp3 for LoraLinear {
     ) -> Result<(CpuStorage, Shape)> {
         let ((m, inp), (r, _), (out, _)) = (lx.shape().dims2()?, la.shape().dims2()?, lb.shape().dims2()?);
         let (x, a, b) = (f32s(x, lx, "lora x")?, f32s(a, la, "lora_A")?, f32s(b, lb, "lora_B")?);
-        let choice = Self::choice()?;
+        let choice = kernel_choice().map_err(gemm_error)?;
         let w = self.w.cpu_f32()?;
         let (w_storage, w_layout) = w.storage_and_layout();
         let w = cpu_f32s(&w_storage, w_layout, "lora base weight")?;
@@ -131,7 +125,7 @@ impl CustomOp3 for LoraLinear {
         g: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let ((m, inp), (r, _), (out, _)) = (x.dims2()?, a.dims2()?, b.dims2()?);
-        let (g, s, choice) = (g.contiguous()?, self.scaling, Self::choice()?);
+        let (g, s, choice) = (g.contiguous()?, self.scaling, kernel_choice().map_err(gemm_error)?);
         let cpu = |v: Vec<f32>, shape: (usize, usize)| Tensor::from_vec(v, shape, &Device::Cpu);
         let ((g_storage, g_layout), (x_storage, x_layout)) = (g.storage_and_layout(), x.storage_and_layout());
         let ((a_storage, a_layout), (b_storage, b_layout)) = (a.storage_and_layout(), b.storage_and_layout());
