@@ -399,3 +399,17 @@ fn agent_lora_can_be_set_by_overrides() {
     assert_eq!((r, alpha, lora.dropout, targets.len()), (16, 32.0, 0.0, 7), "all-linear by default");
     assert!(load("", &[]).unwrap().agent_lora.is_none());
 }
+
+/// Every bundled config loads and validates, as `pbrl` and `pbrl iterate` read it: a typo or a
+/// key a change made invalid shows here, not first on a user's machine.
+#[test]
+fn every_bundled_config_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.retain(|p| p.extension().is_some_and(|e| e == "toml"));
+    assert!(files.len() >= 3, "the bundled configs: {files:?}");
+    for file in files {
+        Config::load(&file, &[]).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        Config::load_iterative(&file, &[]).unwrap_or_else(|e| panic!("{} (iterate): {e}", file.display()));
+    }
+}
