@@ -172,12 +172,27 @@ pub enum Accumulate {
 /// adapter's term on its base projection) costs no pass over the output of its own.
 pub fn gemm_into(
     family: KernelFamily,
+    mnk: (usize, usize, usize),
+    dst: &mut [f32],
+    accumulate: Accumulate,
+    scale: f32,
+    lhs: Operand,
+    rhs: Operand,
+) -> Result<(), String> {
+    gemm_in_blocks(family, mnk, dst, accumulate, scale, lhs, rhs, super::pool::threads())
+}
+
+/// [`gemm_into`], cut into blocks for `threads` threads.
+#[allow(clippy::too_many_arguments)]
+fn gemm_in_blocks(
+    family: KernelFamily,
     (m, n, k): (usize, usize, usize),
     dst: &mut [f32],
     accumulate: Accumulate,
     scale: f32,
     lhs: Operand,
     rhs: Operand,
+    threads: usize,
 ) -> Result<(), String> {
     lhs.check(m, k, "lhs")?;
     rhs.check(k, n, "rhs")?;
@@ -196,83 +211,249 @@ pub fn gemm_into(
         }
         return Ok(());
     }
-    let (read_dst, dst_factor) = match accumulate {
-        Accumulate::No => (false, 0.0),
-        Accumulate::Yes => (true, 1.0),
+    let read_dst = accumulate == Accumulate::Yes;
+    let (dst_ptr, lhs_at, rhs_at) = (SharedPtr(dst.as_mut_ptr()), lhs.at(0, 0), rhs.at(0, 0));
+    let blocks = Blocks::of((m, n, k), threads);
+    let block = |b: usize| {
+        let (rows, cols) = blocks.block(b);
+        // SAFETY: the operands hold every element their strides reach and dst is an m × n
+        // buffer (both checked above); a block reads and writes inside them, and the blocks'
+        // parts of dst do not overlap.
+        unsafe {
+            block_product(
+                family,
+                (rows.len(), cols.len(), k),
+                dst_ptr.get().add(rows.start * n + cols.start),
+                n,
+                read_dst,
+                scale,
+                lhs_at.offset(rows.start, 0, &lhs),
+                rhs_at.offset(0, cols.start, &rhs),
+            )
+        }
     };
-    let threads = candle_core::utils::get_num_threads();
-    let parallelism = if threads > 1 { Parallelism::Rayon(threads) } else { Parallelism::None };
+    if blocks.count == 1 {
+        block(0);
+    } else {
+        // On candle's pool, as the element-wise ops between two products (`super::pool`).
+        super::pool::map(blocks.count, block);
+    }
+    Ok(())
+}
+
+/// `dst[i] = lhs[i] · rhs[i]` for a batch of products of one shape (attention's scores and
+/// values): `dst` holds them row-major one after the other, product i's operands start at
+/// `lhs_starts[i]` and `rhs_starts[i]` in the operands' data, with the operands' strides. Each
+/// product runs on one thread, the batch spread over the pool; a batch smaller than the pool
+/// cuts each product instead.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_batched(
+    family: KernelFamily,
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [f32],
+    lhs: Operand,
+    lhs_starts: &[usize],
+    rhs: Operand,
+    rhs_starts: &[usize],
+) -> Result<(), String> {
+    let batch = lhs_starts.len();
+    if rhs_starts.len() != batch || dst.len() != batch * m * n {
+        return Err(format!("gemm: a batch of {batch} {m}x{n} products with {} rhs and {} outputs", rhs_starts.len(), dst.len()));
+    }
+    for (&a, &b) in lhs_starts.iter().zip(rhs_starts) {
+        let (Some(ld), Some(rd)) = (lhs.data.get(a..), rhs.data.get(b..)) else {
+            return Err("gemm: a batch operand starts past its data".into());
+        };
+        Operand { data: ld, ..lhs }.check(m, k, "lhs")?;
+        Operand { data: rd, ..rhs }.check(k, n, "rhs")?;
+    }
+    if !family.available() {
+        return Err(format!("gemm: this CPU does not support the {} kernels", family.name()));
+    }
+    let threads = super::pool::threads();
+    if batch < 2 * threads || m * n == 0 || k == 0 {
+        for (i, out) in dst.chunks_mut((m * n).max(1)).enumerate() {
+            let (a, b) = (Operand { data: &lhs.data[lhs_starts[i]..], ..lhs }, Operand { data: &rhs.data[rhs_starts[i]..], ..rhs });
+            gemm_in_blocks(family, (m, n, k), out, Accumulate::No, 1.0, a, b, threads)?;
+        }
+        return Ok(());
+    }
+    let (lhs_at, rhs_at) = (lhs.at(0, 0), rhs.at(0, 0));
+    super::pool::for_each_chunk_mut(dst, m * n, |i, out| {
+        // SAFETY: every product's operands were checked above, `out` is its (m, n) output.
+        unsafe {
+            block_product(
+                family,
+                (m, n, k),
+                out.as_mut_ptr(),
+                n,
+                false,
+                1.0,
+                SharedPtr(lhs_at.get().wrapping_add(lhs_starts[i])).offset(0, 0, &lhs),
+                SharedPtr(rhs_at.get().wrapping_add(rhs_starts[i])).offset(0, 0, &rhs),
+            )
+        }
+    });
+    Ok(())
+}
+
+/// A raw pointer shared by the threads that compute disjoint blocks of one product.
+#[derive(Clone, Copy)]
+struct SharedPtr<T>(*mut T);
+// SAFETY: the threads holding it write disjoint blocks (see `gemm_into`).
+unsafe impl<T> Send for SharedPtr<T> {}
+unsafe impl<T> Sync for SharedPtr<T> {}
+
+impl<T> SharedPtr<T> {
+    /// The pointer (a method, so that closures capture the `Sync` wrapper, not its field).
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+impl Operand<'_> {
+    fn at(&self, row: usize, col: usize) -> SharedPtr<f32> {
+        SharedPtr(self.data.as_ptr().wrapping_add(row * self.row_stride + col * self.col_stride) as *mut f32)
+    }
+}
+
+impl SharedPtr<f32> {
+    /// This operand's element (`row`, `col`), with the strides of `like`.
+    fn offset(self, row: usize, col: usize, like: &Operand) -> (SharedPtr<f32>, usize, usize) {
+        (SharedPtr(self.get().wrapping_add(row * like.row_stride + col * like.col_stride)), like.row_stride, like.col_stride)
+    }
+}
+
+/// How one product is cut into blocks for the threads: along its output's longer side, in
+/// whole microkernel tiles. Every block computes each of its outputs exactly as the whole
+/// product would (the same depth blocking, so the same order of sums): the result does not
+/// depend on the number of threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Blocks {
+    along_rows: bool,
+    /// Rows or columns per block (the last one takes the rest: up to twice as many).
+    size: usize,
+    len: usize,
+    other: usize,
+    count: usize,
+}
+
+/// Products below this many multiply-adds run on the calling thread alone (`gemm`'s own
+/// threading threshold).
+const THREADING_MIN_WORK: usize = 48 * 48 * 256;
+/// Blocks per thread: more than one, so that a thread the OS delays leaves its share to the
+/// others (the pool hands blocks out from a shared cursor).
+const BLOCKS_PER_THREAD: usize = 4;
+
+impl Blocks {
+    fn of((m, n, k): (usize, usize, usize), threads: usize) -> Blocks {
+        let along_rows = m >= n;
+        let (len, other) = if along_rows { (m, n) } else { (n, m) };
+        // Rows are the microkernel's 6-wide side, columns its 16- or 64-tall one (the product
+        // is computed transposed). `gemm` blocks the depth differently for products with at
+        // most 64 rows and 64 columns, so no block is that small unless the product is.
+        let unit = if along_rows { 48 } else { 64 };
+        let min = if other <= 64 { 2 * unit } else { unit };
+        let whole = Blocks { along_rows, size: len, len, other, count: 1 };
+        if threads <= 1 || m.saturating_mul(n).saturating_mul(k) < THREADING_MIN_WORK || len < 2 * min {
+            return whole;
+        }
+        let size = len.div_ceil(threads * BLOCKS_PER_THREAD).next_multiple_of(unit).max(min);
+        // The last block takes what is left over, so that none is shorter than `size`.
+        Blocks { size, count: len / size, ..whole }
+    }
+
+    /// Block `b`'s rows and columns of the output.
+    fn block(&self, b: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let end = if b + 1 == self.count { self.len } else { (b + 1) * self.size };
+        let part = b * self.size..end;
+        if self.along_rows {
+            (part, 0..self.other)
+        } else {
+            (0..self.other, part)
+        }
+    }
+}
+
+/// `dst (m, n) [+]= scale · lhs · rhs` on the calling thread, `dst` row-major with `dst_stride`
+/// elements per row; each operand as (start, row stride, column stride).
+///
+/// # Safety
+/// The operands must hold every element their strides reach for an (m, k) and a (k, n)
+/// matrix, `dst` every element of an (m, n) block, and `family` must run on this CPU.
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_product(
+    family: KernelFamily,
+    (m, n, k): (usize, usize, usize),
+    dst: *mut f32,
+    dst_stride: usize,
+    read_dst: bool,
+    scale: f32,
+    (lhs, lhs_rs, lhs_cs): (SharedPtr<f32>, usize, usize),
+    (rhs, rhs_rs, rhs_cs): (SharedPtr<f32>, usize, usize),
+) {
     // As `gemm::gemm` does for a row-major destination: compute the transposed product
     // (n, m) = rhsᵀ · lhsᵀ on column-major terms, which its microkernels prefer.
-    let (mm, nn) = (n, m);
-    let (dst_cs, dst_rs) = (n as isize, 1isize);
-    let (a, a_cs, a_rs) = (rhs.data.as_ptr(), rhs.row_stride as isize, rhs.col_stride as isize);
-    let (b, b_cs, b_rs) = (lhs.data.as_ptr(), lhs.row_stride as isize, lhs.col_stride as isize);
-    let d = dst.as_mut_ptr();
+    let dst_factor = if read_dst { 1.0 } else { 0.0 };
     macro_rules! run {
         ($simd:expr, $module:path, $n:expr) => {{
             use $module as ukr;
-            // SAFETY: the operands hold every element their strides reach (checked above),
-            // dst is an m × n buffer (checked above), and `$simd` was checked available on this CPU.
-            unsafe {
-                gemm_basic_generic::<
-                    _,
-                    f32,
-                    { $n },
-                    { ukr::MR_DIV_N * $n },
-                    { ukr::NR },
-                    { ukr::MR_DIV_N },
-                    { ukr::H_M },
-                    { ukr::H_N },
-                >(
-                    $simd,
-                    mm,
-                    nn,
-                    k,
-                    d,
-                    dst_cs,
-                    dst_rs,
-                    read_dst,
-                    a,
-                    a_cs,
-                    a_rs,
-                    b,
-                    b_cs,
-                    b_rs,
-                    dst_factor,
-                    scale,
-                    false,
-                    false,
-                    false,
-                    |x, y, z| x * y + z,
-                    &ukr::UKR,
-                    &ukr::H_UKR,
-                    false,
-                    parallelism,
-                )
-            }
+            gemm_basic_generic::<
+                _,
+                f32,
+                { $n },
+                { ukr::MR_DIV_N * $n },
+                { ukr::NR },
+                { ukr::MR_DIV_N },
+                { ukr::H_M },
+                { ukr::H_N },
+            >(
+                $simd,
+                n,
+                m,
+                k,
+                dst,
+                dst_stride as isize,
+                1,
+                read_dst,
+                rhs.get(),
+                rhs_rs as isize,
+                rhs_cs as isize,
+                lhs.get(),
+                lhs_rs as isize,
+                lhs_cs as isize,
+                dst_factor,
+                scale,
+                false,
+                false,
+                false,
+                |x, y, z| x * y + z,
+                &ukr::UKR,
+                &ukr::H_UKR,
+                false,
+                Parallelism::None,
+            )
         }};
     }
     use gemm_common::simd::MixedSimd;
     match family {
         #[cfg(target_arch = "x86_64")]
         KernelFamily::Avx512 => {
-            let simd = <gemm_common::simd::V4 as MixedSimd<f32, f32, f32, f32>>::try_new().ok_or("gemm: no AVX-512")?;
+            let simd = <gemm_common::simd::V4 as MixedSimd<f32, f32, f32, f32>>::try_new().expect("checked available");
             run!(simd, gemm_f32::microkernel::avx512f::f32, 16)
         }
         #[cfg(target_arch = "x86_64")]
         KernelFamily::Avx2 => {
-            let simd = <gemm_common::simd::V3 as MixedSimd<f32, f32, f32, f32>>::try_new().ok_or("gemm: no AVX2")?;
+            let simd = <gemm_common::simd::V3 as MixedSimd<f32, f32, f32, f32>>::try_new().expect("checked available");
             run!(simd, gemm_f32::microkernel::fma::f32, 8)
         }
         #[cfg(not(target_arch = "x86_64"))]
-        KernelFamily::Avx512 | KernelFamily::Avx2 => unreachable!("checked available above"),
+        KernelFamily::Avx512 | KernelFamily::Avx2 => unreachable!("checked available"),
         KernelFamily::Scalar => {
-            let simd = <gemm_common::simd::Scalar as MixedSimd<f32, f32, f32, f32>>::try_new().ok_or("gemm: scalar")?;
+            let simd = <gemm_common::simd::Scalar as MixedSimd<f32, f32, f32, f32>>::try_new().expect("scalar");
             run!(simd, gemm_f32::microkernel::scalar::f32, 1)
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -316,6 +497,49 @@ mod tests {
                     let got = matmul(family, m, n, k, lhs, rhs).unwrap();
                     for (g, w) in got.iter().zip(&want) {
                         assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{family:?} {m}x{n}x{k}: {g} vs {w}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A product cut into blocks for several threads gives the same bits as the whole one, in
+    /// every layout, along either side, accumulating or not.
+    #[test]
+    fn blocks_for_threads_change_no_bit_of_the_product() {
+        for family in [KernelFamily::Avx512, KernelFamily::Avx2, KernelFamily::Scalar] {
+            if !family.available() {
+                continue;
+            }
+            // Longer rows or longer columns; a thin side of at most 64; a depth above 512.
+            for (m, n, k) in [(400, 96, 70), (96, 700, 70), (300, 16, 600), (50, 900, 1100)] {
+                assert!(Blocks::of((m, n, k), 3).count > 1, "{m}x{n}x{k} is cut");
+                let (a, b) = (data(m * k, 3), data(k * n, 4));
+                let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+                let start = data(m * n, 5);
+                for (lhs, rhs) in
+                    [(Operand::row_major(&a, k), Operand::row_major(&b, n)), (Operand::row_major(&a, k), Operand::transposed(&bt, k))]
+                {
+                    for accumulate in [Accumulate::No, Accumulate::Yes] {
+                        let run = |threads| {
+                            let mut dst = start.clone();
+                            gemm_in_blocks(family, (m, n, k), &mut dst, accumulate, 0.5, lhs, rhs, threads).unwrap();
+                            dst
+                        };
+                        let whole = run(1);
+                        let want = naive(m, n, k, &a, &b);
+                        let base = |i: usize| if accumulate == Accumulate::Yes { start[i] } else { 0.0 };
+                        for (i, w) in want.iter().enumerate() {
+                            let w = base(i) + 0.5 * w;
+                            assert!((whole[i] - w).abs() <= 1e-4 * (1.0 + w.abs()), "{family:?} {m}x{n}x{k}");
+                        }
+                        for threads in [2, 3, 8] {
+                            let cut = run(threads);
+                            assert!(
+                                cut.iter().zip(&whole).all(|(c, w)| c.to_bits() == w.to_bits()),
+                                "{family:?} {m}x{n}x{k} on {threads} threads"
+                            );
+                        }
                     }
                 }
             }

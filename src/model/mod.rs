@@ -11,6 +11,7 @@ pub mod linear;
 pub mod load;
 pub mod lora;
 pub mod ops;
+pub mod pool;
 pub mod readers;
 pub mod rope;
 pub mod sampling;

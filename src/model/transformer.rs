@@ -193,12 +193,12 @@ impl Attention {
         let q = q.reshape((b, nkv, n_rep * s, hd))?;
         let scale = 1.0 / (hd as f64).sqrt();
         let att =
-            (q.matmul(&k.t()?)? * scale)?.reshape((b, nkv, n_rep, s, kv_len))?.broadcast_add(&bias.unsqueeze(1)?)?;
+            (ops::batched_matmul(&q, &k.t()?)? * scale)?.reshape((b, nkv, n_rep, s, kv_len))?.broadcast_add(&bias.unsqueeze(1)?)?;
         let att = match mode {
             Mode::Infer => candle_nn::ops::softmax_last_dim(&att)?,
             Mode::Train => ops::softmax_last_dim(&att)?,
         };
-        let y = att.reshape((b, nkv, n_rep * s, kv_len))?.matmul(&v)?; // (b, nkv, n_rep*s, hd)
+        let y = ops::batched_matmul(&att.reshape((b, nkv, n_rep * s, kv_len))?, &v)?; // (b, nkv, n_rep*s, hd)
         let y = match mode {
             Mode::Train => ops::merge_heads(&y.reshape((b, nh, s, hd))?)?,
             Mode::Infer => y.reshape((b, nh, s, hd))?.transpose(1, 2)?.reshape((b * s, nh * hd))?,

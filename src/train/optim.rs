@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use anyhow::{Context, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, Layout, Tensor, Var};
-use rayon::prelude::*;
+use crate::model::pool::{self, Chunks};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWConfig {
@@ -229,19 +229,22 @@ impl candle_core::InplaceOp2 for FusedAdamW<'_> {
             let n = p.len();
             m.reserve_exact(n);
             v.reserve_exact(n);
-            let sq = p
-                .par_chunks_mut(CHUNK)
-                .zip(g.par_chunks(CHUNK))
-                .zip(m.spare_capacity_mut()[..n].par_chunks_mut(CHUNK))
-                .zip(v.spare_capacity_mut()[..n].par_chunks_mut(CHUNK))
-                .map(|(((p, g), m), v)| {
+            let sq = {
+                let (ps, gs) = (Chunks::new(p, CHUNK), g);
+                let ms = Chunks::new(&mut m.spare_capacity_mut()[..n], CHUNK);
+                let vs = Chunks::new(&mut v.spare_capacity_mut()[..n], CHUNK);
+                pool::map(ps.count(), |c| {
+                    let (p, m, v) = (ps.get(c), ms.get(c), vs.get(c));
+                    let g = &gs[c * CHUNK..][..p.len()];
                     for i in 0..p.len() {
                         let (pi, mi, vi) = update(p[i], g[i], 0.0, 0.0);
                         (p[i], m[i], v[i]) = (pi, std::mem::MaybeUninit::new(mi), std::mem::MaybeUninit::new(vi));
                     }
                     sq2(g)
                 })
-                .sum();
+                .into_iter()
+                .sum()
+            };
             // SAFETY: every one of the n elements was written just above.
             unsafe {
                 m.set_len(n);
@@ -249,17 +252,17 @@ impl candle_core::InplaceOp2 for FusedAdamW<'_> {
             }
             sq
         } else {
-            p.par_chunks_mut(CHUNK)
-                .zip(g.par_chunks(CHUNK))
-                .zip(m.par_chunks_mut(CHUNK))
-                .zip(v.par_chunks_mut(CHUNK))
-                .map(|(((p, g), m), v)| {
-                    for i in 0..p.len() {
-                        (p[i], m[i], v[i]) = update(p[i], g[i], m[i], v[i]);
-                    }
-                    sq2(g)
-                })
-                .sum()
+            let (ps, ms, vs) = (Chunks::new(p, CHUNK), Chunks::new(m, CHUNK), Chunks::new(v, CHUNK));
+            pool::map(ps.count(), |c| {
+                let (p, m, v) = (ps.get(c), ms.get(c), vs.get(c));
+                let g = &g[c * CHUNK..][..p.len()];
+                for i in 0..p.len() {
+                    (p[i], m[i], v[i]) = update(p[i], g[i], m[i], v[i]);
+                }
+                sq2(g)
+            })
+            .into_iter()
+            .sum()
         };
         *self.grad_sq.lock().expect("grad_sq lock") += sq;
         Ok(())

@@ -1,9 +1,9 @@
 //! Attention heads: split and merge, with the rotary embedding fused into the split.
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use num_traits::Float;
-use rayon::prelude::*;
 
 use super::{contiguous_slice, cpu_float, rope_composite};
+use crate::model::pool;
 
 // ---------------------------------------------------------------------------------------------
 // Attention heads: (b·s, n·d) ↔ (b, n, s, d), with the rotary embedding fused into the split
@@ -54,7 +54,7 @@ impl CustomOp1 for Heads {
             };
             let mut y = vec![T::zero(); x.len()];
             // Work item = one (batch row, head, position) vector of d values.
-            y.par_chunks_mut(d).enumerate().for_each(|(o, out)| {
+            pool::for_each_chunk_mut(&mut y, d, |o, out| {
                 // o indexes the output layout; find the input vector it comes from.
                 let (bi, hi, si) =
                     if op.merge { (o / (s * n), o % n, (o / n) % s) } else { (o / (n * s), (o / s) % n, o % s) };

@@ -1,9 +1,9 @@
 //! The log-probability of a target token, fused forward and backward.
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
 use num_traits::Float;
-use rayon::prelude::*;
 
 use super::{contiguous_slice, cpu_float};
+use crate::model::pool;
 
 // ---------------------------------------------------------------------------------------------
 // Log-probability of a target token: log softmax(logits)[target]
@@ -35,7 +35,10 @@ impl CustomOp2 for TokenLogProb {
 
     fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, t: &CpuStorage, lt: &Layout) -> Result<(CpuStorage, Shape)> {
         fn run<T: Float + Send + Sync>(x: &[T], t: &[u32], v: usize) -> Vec<T> {
-            x.par_chunks(v).zip(t.par_iter()).map(|(row, &t)| row[t as usize] - logsumexp(row)).collect()
+            pool::map(t.len(), |r| {
+                let row = &x[r * v..][..v];
+                row[t[r] as usize] - logsumexp(row)
+            })
         }
         let (n, v) = lx.shape().dims2()?;
         let t = u32_slice(t, lt, "token-log-prob")?;
@@ -69,15 +72,14 @@ impl CustomOp3 for TokenLogProbGrad {
     ) -> Result<(CpuStorage, Shape)> {
         fn run<T: Float + Send + Sync>(x: &[T], t: &[u32], g: &[T], v: usize) -> Vec<T> {
             let mut dx = vec![T::zero(); x.len()];
-            dx.par_chunks_mut(v).zip(x.par_chunks(v)).zip(t.par_iter().zip(g.par_iter())).for_each(
-                |((dx, row), (&t, &g))| {
-                    let lse = logsumexp(row);
-                    for i in 0..v {
-                        dx[i] = -g * (row[i] - lse).exp();
-                    }
-                    dx[t as usize] = dx[t as usize] + g;
-                },
-            );
+            pool::for_each_chunk_mut(&mut dx, v, |r, dx| {
+                let (row, t, g) = (&x[r * v..][..v], t[r] as usize, g[r]);
+                let lse = logsumexp(row);
+                for i in 0..v {
+                    dx[i] = -g * (row[i] - lse).exp();
+                }
+                dx[t] = dx[t] + g;
+            });
             dx
         }
         let n = "token-log-prob-grad";

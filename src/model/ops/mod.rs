@@ -12,9 +12,12 @@
 //!   quantized weight (a LoRA agent's base at `base_dtype = "q8_0"`).
 //! - [`lora_linear`] is a LoRA projection over a frozen base in one op (f32 on the CPU), its
 //!   adapter's product summed in the GEMM's store, forward and backward.
+//! - [`batched_matmul`] is attention's batched product on the same kernels, the batch spread
+//!   over the threads (f32 on the CPU; elsewhere candle's matmul).
 //! - [`softmax_last_dim`], [`rms_norm`], [`split_heads`] (with the rotary embedding),
 //!   [`merge_heads`] and [`token_log_probs`] have CPU kernels (f32 and f64); on other devices
 //!   they fall back to the differentiable compositions of candle ops named `*_composite`.
+pub use batched::batched_matmul;
 pub use heads::{merge_heads, merge_heads_composite, split_heads, split_heads_composite};
 pub use log_prob::{token_log_probs, token_log_probs_composite};
 pub use lora::{lora_fuses, lora_linear, BaseWeight};
@@ -228,6 +231,7 @@ pub fn quantized_linear(x: &Tensor, w: &Arc<QTensor>) -> Result<Tensor> {
 }
 
 // The kernels (declared after the dispatch macros above, which they use).
+mod batched;
 mod heads;
 mod log_prob;
 mod lora;

@@ -2,9 +2,9 @@
 //! composition of candle ops.
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
 use num_traits::Float;
-use rayon::prelude::*;
 
 use super::{contiguous_slice, cpu_float};
+use crate::model::pool;
 
 // ---------------------------------------------------------------------------------------------
 // RMSNorm over the last dimension: y = x · r ⊙ w, r = 1/sqrt(mean(x²) + eps)
@@ -28,7 +28,9 @@ impl CustomOp2 for RmsNorm {
     fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, w: &CpuStorage, lw: &Layout) -> Result<(CpuStorage, Shape)> {
         fn run<T: Float + Send + Sync>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
             let mut y = vec![T::zero(); x.len()];
-            y.par_chunks_mut(w.len()).zip(x.par_chunks(w.len())).for_each(|(y, x)| {
+            let d = w.len();
+            pool::for_each_chunk_mut(&mut y, d, |r, y| {
+                let x = &x[r * d..][..d];
                 let r = inv_rms(x, eps);
                 for i in 0..x.len() {
                     y[i] = x[i] * r * w[i];
@@ -71,7 +73,8 @@ impl CustomOp3 for RmsNormGradX {
         fn run<T: Float + Send + Sync>(x: &[T], w: &[T], g: &[T], eps: f64) -> Vec<T> {
             let d = w.len();
             let mut dx = vec![T::zero(); x.len()];
-            dx.par_chunks_mut(d).zip(x.par_chunks(d)).zip(g.par_chunks(d)).for_each(|((dx, x), g)| {
+            pool::for_each_chunk_mut(&mut dx, d, |r, dx| {
+                let (x, g) = (&x[r * d..][..d], &g[r * d..][..d]);
                 let r = inv_rms(x, eps);
                 let dot = (0..d).fold(T::zero(), |a, i| a + g[i] * w[i] * x[i] * r) / T::from(d).unwrap_or(T::nan());
                 for i in 0..d {
@@ -115,20 +118,18 @@ impl CustomOp2 for RmsNormGradW {
     fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, g: &CpuStorage, lg: &Layout) -> Result<(CpuStorage, Shape)> {
         fn run<T: Float + Send + Sync>(x: &[T], g: &[T], d: usize, eps: f64) -> Vec<T> {
             const BLOCK_ROWS: usize = 64;
-            let partial: Vec<Vec<T>> = x
-                .par_chunks(d * BLOCK_ROWS)
-                .zip(g.par_chunks(d * BLOCK_ROWS))
-                .map(|(x, g)| {
-                    let mut acc = vec![T::zero(); d];
-                    for (x, g) in x.chunks(d).zip(g.chunks(d)) {
-                        let r = inv_rms(x, eps);
-                        for i in 0..d {
-                            acc[i] = acc[i] + g[i] * x[i] * r;
-                        }
+            let block = d * BLOCK_ROWS;
+            let partial: Vec<Vec<T>> = pool::map(x.len().div_ceil(block), |b| {
+                let rows = b * block..((b + 1) * block).min(x.len());
+                let mut acc = vec![T::zero(); d];
+                for (x, g) in x[rows.clone()].chunks(d).zip(g[rows].chunks(d)) {
+                    let r = inv_rms(x, eps);
+                    for i in 0..d {
+                        acc[i] = acc[i] + g[i] * x[i] * r;
                     }
-                    acc
-                })
-                .collect();
+                }
+                acc
+            });
             let mut dw = vec![T::zero(); d];
             for p in partial {
                 dw.iter_mut().zip(p).for_each(|(a, b)| *a = *a + b);

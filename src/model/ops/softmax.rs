@@ -1,9 +1,9 @@
 //! Softmax over the last dimension, fused forward and backward.
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, D};
 use num_traits::Float;
-use rayon::prelude::*;
 
 use super::{contiguous_slice, cpu_float};
+use crate::model::pool;
 
 // ---------------------------------------------------------------------------------------------
 // Softmax over the last dimension
@@ -18,7 +18,8 @@ impl CustomOp1 for Softmax {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         fn run<T: Float + Send + Sync>(x: &[T], d: usize) -> Vec<T> {
             let mut y = vec![T::zero(); x.len()];
-            y.par_chunks_mut(d).zip(x.par_chunks(d)).for_each(|(y, x)| {
+            pool::for_each_chunk_mut(&mut y, d, |r, y| {
+                let x = &x[r * d..][..d];
                 let max = x.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
                 let mut sum = T::zero();
                 for i in 0..d {
@@ -51,7 +52,8 @@ impl CustomOp2 for SoftmaxGrad {
     fn cpu_fwd(&self, y: &CpuStorage, ly: &Layout, g: &CpuStorage, lg: &Layout) -> Result<(CpuStorage, Shape)> {
         fn run<T: Float + std::iter::Sum + Send + Sync>(y: &[T], g: &[T], d: usize) -> Vec<T> {
             let mut dx = vec![T::zero(); y.len()];
-            dx.par_chunks_mut(d).zip(y.par_chunks(d)).zip(g.par_chunks(d)).for_each(|((dx, y), g)| {
+            pool::for_each_chunk_mut(&mut dx, d, |r, dx| {
+                let (y, g) = (&y[r * d..][..d], &g[r * d..][..d]);
                 let dot = (0..d).map(|i| g[i] * y[i]).sum::<T>();
                 for i in 0..d {
                     dx[i] = y[i] * (g[i] - dot);

@@ -191,3 +191,29 @@ fn the_fused_lora_projection_matches_the_composition() {
         }
     }
 }
+
+/// The f32 batched product against f64 candle matmuls, in value and gradients: strided batch
+/// dimensions (a narrowed cache), a transposed operand, and batches smaller and larger than
+/// the pool.
+#[test]
+fn f32_batched_matmul_matches_f64_matmul_in_value_and_gradients() {
+    for (batch, m, n, k) in [(1, 40, 30, 20), (3, 70, 50, 64), (24, 9, 130, 16)] {
+        let (a, cache, probe) = (random(&[2, batch, m, k], 30), random(&[2, batch, n + 5, k], 31), random(&[2, batch, m, n], 32));
+        let run = |dtype: DType, ours: bool| {
+            let (av, cv) = (
+                Var::from_tensor(&a.to_dtype(dtype).unwrap()).unwrap(),
+                Var::from_tensor(&cache.to_dtype(dtype).unwrap()).unwrap(),
+            );
+            // (2, batch, n, k) rows of a longer cache, used transposed: (2, batch, k, n).
+            let b = cv.as_tensor().narrow(2, 2, n).unwrap().t().unwrap();
+            let y = if ours { batched_matmul(av.as_tensor(), &b) } else { av.as_tensor().matmul(&b) }.unwrap();
+            let g = (&y * probe.to_dtype(dtype).unwrap()).unwrap().sum_all().unwrap().backward().unwrap();
+            let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+            [f64s(&y), f64s(g.get(av.as_tensor()).unwrap()), f64s(g.get(cv.as_tensor()).unwrap())]
+        };
+        let (got, want) = (run(DType::F32, true), run(DType::F64, false));
+        for (what, (x, y)) in ["y", "da", "db"].iter().zip(got.iter().zip(&want)) {
+            assert!(max_diff(x, y) < 1e-4, "{batch}x{m}x{n}x{k} {what} differs by {}", max_diff(x, y));
+        }
+    }
+}
