@@ -1,21 +1,20 @@
 //! f32 matrix products on the CPU, with the kernel family chosen at run time by the CPU and the
-//! shape of the product.
+//! shape of the product, and the threads of candle's own pool (`super::pool`).
 //!
 //! candle's CPU matmul calls the `gemm` crate, which (built with its `x86-v4` feature, as pbrl
-//! is) picks its widest kernels once per process: AVX-512 wherever the CPU has it. Those win on
-//! training's large products (measured on an Intel Xeon with AVX-512: the train step 1.18x
-//! faster) but lose on the decode step's, whose outputs have as many rows as there are
-//! sequences being sampled (8-32 in a collection batch): there the 256-bit kernels are faster
-//! (forcing AVX-512 everywhere made sampling 1.6x slower).
-//! So pbrl's own linear layers call `gemm`'s kernels through this module, which takes the
-//! AVX-512 family only when the output's smaller side has at least [`WIDE_MIN_ROWS`] rows
-//! (training's products and long prompts' prefill, not the decode steps of a collection batch).
+//! is) picks its widest kernels once per process: AVX-512 wherever the CPU has it, and splits a
+//! product over rayon's threads, a second pool beside candle's. pbrl's linear layers and
+//! attention products call `gemm`'s kernels through this module instead, which
+//! - takes the AVX-512 family only when the output's smaller side has at least
+//!   [`WIDE_MIN_ROWS`] rows (the decode steps of small sampling batches take the 256-bit ones);
+//! - cuts a product into blocks of whole output tiles, each computed on one thread of candle's
+//!   pool, with the same depth blocking as the whole product: the result is the same bits under
+//!   any thread count (`tests::blocks_for_threads_change_no_bit_of_the_product`).
 //! Either family computes the same product up to the order of its sums (~1e-7 relative).
 //!
 //! `PBRL_GEMM` forces one family for A/B runs: `auto` (the default: the rule above),
 //! `avx512`, `avx2` or `scalar`; a family the CPU lacks is an error. It covers the linear
-//! layers (forward and backward: nearly all of a step's work); candle's own products (the
-//! attention scores) keep `gemm`'s own choice.
+//! layers and the attention products (forward and backward: nearly all of a step's work).
 use std::sync::OnceLock;
 
 use gemm_common::gemm::gemm_basic_generic;
@@ -58,10 +57,11 @@ impl KernelFamily {
 
 /// Products whose output has fewer rows than this (on its smaller side) take the 256-bit
 /// kernels even where AVX-512 exists. Measured with `cargo bench --bench runtime -- gemm` on an
-/// Intel Xeon with AVX-512, 2 threads (docs/benchmarks.md): on SmolLM2-135M's products the
-/// 512-bit kernels are 0.36-0.81x as fast at 8-16 rows (the LM head: 1.0-1.1x), from 0.86x
-/// (576 outputs) to 1.59x (49152) at 128, and 1.33-1.65x at 512 (training's rows).
-pub const WIDE_MIN_ROWS: usize = 128;
+/// Intel Xeon with AVX-512, 2 threads, products cut over candle's pool (docs/benchmarks.md, "One
+/// pool"): on SmolLM2-135M's products the 512-bit kernels are 0.71-1.34x as fast at 8 rows,
+/// 0.82-1.31x at 16, 0.92-1.61x at 32 and 1.29-1.66x at 64; `pbrl collect` at 64 rows per
+/// agent took 0.86x the time with the threshold at 32 instead of 128.
+pub const WIDE_MIN_ROWS: usize = 32;
 
 /// How pbrl picks kernels: by the rule (`auto`) or one family forced by `PBRL_GEMM`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
