@@ -10,6 +10,7 @@
 //! - cuts a product into blocks of whole output tiles, each computed on one thread of candle's
 //!   pool, with the same depth blocking as the whole product: the result is the same bits under
 //!   any thread count (`tests::blocks_for_threads_change_no_bit_of_the_product`).
+//!
 //! Either family computes the same product up to the order of its sums (~1e-7 relative).
 //!
 //! `PBRL_GEMM` forces one family for A/B runs: `auto` (the default: the rule above),
@@ -258,7 +259,11 @@ pub fn gemm_batched(
 ) -> Result<(), String> {
     let batch = lhs_starts.len();
     if rhs_starts.len() != batch || dst.len() != batch * m * n {
-        return Err(format!("gemm: a batch of {batch} {m}x{n} products with {} rhs and {} outputs", rhs_starts.len(), dst.len()));
+        return Err(format!(
+            "gemm: a batch of {batch} {m}x{n} products with {} rhs and {} outputs",
+            rhs_starts.len(),
+            dst.len()
+        ));
     }
     for (&a, &b) in lhs_starts.iter().zip(rhs_starts) {
         let (Some(ld), Some(rd)) = (lhs.data.get(a..), rhs.data.get(b..)) else {
@@ -273,7 +278,10 @@ pub fn gemm_batched(
     let threads = super::pool::threads();
     if batch < 2 * threads || m * n == 0 || k == 0 {
         for (i, out) in dst.chunks_mut((m * n).max(1)).enumerate() {
-            let (a, b) = (Operand { data: &lhs.data[lhs_starts[i]..], ..lhs }, Operand { data: &rhs.data[rhs_starts[i]..], ..rhs });
+            let (a, b) = (
+                Operand { data: &lhs.data[lhs_starts[i]..], ..lhs },
+                Operand { data: &rhs.data[rhs_starts[i]..], ..rhs },
+            );
             gemm_in_blocks(family, (m, n, k), out, Accumulate::No, 1.0, a, b, threads)?;
         }
         return Ok(());
@@ -320,7 +328,11 @@ impl Operand<'_> {
 impl SharedPtr<f32> {
     /// This operand's element (`row`, `col`), with the strides of `like`.
     fn offset(self, row: usize, col: usize, like: &Operand) -> (SharedPtr<f32>, usize, usize) {
-        (SharedPtr(self.get().wrapping_add(row * like.row_stride + col * like.col_stride)), like.row_stride, like.col_stride)
+        (
+            SharedPtr(self.get().wrapping_add(row * like.row_stride + col * like.col_stride)),
+            like.row_stride,
+            like.col_stride,
+        )
     }
 }
 
@@ -517,9 +529,10 @@ mod tests {
                 let (a, b) = (data(m * k, 3), data(k * n, 4));
                 let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
                 let start = data(m * n, 5);
-                for (lhs, rhs) in
-                    [(Operand::row_major(&a, k), Operand::row_major(&b, n)), (Operand::row_major(&a, k), Operand::transposed(&bt, k))]
-                {
+                for (lhs, rhs) in [
+                    (Operand::row_major(&a, k), Operand::row_major(&b, n)),
+                    (Operand::row_major(&a, k), Operand::transposed(&bt, k)),
+                ] {
                     for accumulate in [Accumulate::No, Accumulate::Yes] {
                         let run = |threads| {
                             let mut dst = start.clone();

@@ -192,8 +192,9 @@ impl Attention {
         let n_rep = nh / nkv;
         let q = q.reshape((b, nkv, n_rep * s, hd))?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let att =
-            (ops::batched_matmul(&q, &k.t()?)? * scale)?.reshape((b, nkv, n_rep, s, kv_len))?.broadcast_add(&bias.unsqueeze(1)?)?;
+        let att = (ops::batched_matmul(&q, &k.t()?)? * scale)?
+            .reshape((b, nkv, n_rep, s, kv_len))?
+            .broadcast_add(&bias.unsqueeze(1)?)?;
         let att = match mode {
             Mode::Infer => candle_nn::ops::softmax_last_dim(&att)?,
             Mode::Train => ops::softmax_last_dim(&att)?,

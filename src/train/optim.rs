@@ -7,10 +7,10 @@
 //! the same update written with tensor ops.
 use std::sync::Mutex;
 
+use crate::model::pool::{self, Chunks};
 use anyhow::{Context, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, Layout, Tensor, Var};
-use crate::model::pool::{self, Chunks};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWConfig {

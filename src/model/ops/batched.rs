@@ -38,7 +38,8 @@ impl CustomOp2 for BatchedMatMul {
         let (CpuStorage::F32(av), CpuStorage::F32(bv)) = (a, b) else {
             candle_core::bail!("matmul-batched: f32 operands only")
         };
-        let (a_rs, a_cs, b_rs, b_cs) = (la.stride()[rank - 2], la.stride()[rank - 1], lb.stride()[rank - 2], lb.stride()[rank - 1]);
+        let (a_rs, a_cs, b_rs, b_cs) =
+            (la.stride()[rank - 2], la.stride()[rank - 1], lb.stride()[rank - 2], lb.stride()[rank - 1]);
         let mut y = vec![0f32; shape.iter().product()];
         let family = kernel_choice().map_err(candle_core::Error::msg)?.family(m, n);
         gemm_batched(
@@ -65,7 +66,11 @@ impl CustomOp2 for BatchedMatMul {
 /// `a · b` over the last two dimensions (batch dimensions equal): f32 on the CPU through
 /// pbrl's kernels, elsewhere candle's matmul.
 pub fn batched_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    if a.device().is_cpu() && a.dtype() == candle_core::DType::F32 && b.dtype() == candle_core::DType::F32 && a.rank() >= 2 {
+    if a.device().is_cpu()
+        && a.dtype() == candle_core::DType::F32
+        && b.dtype() == candle_core::DType::F32
+        && a.rank() >= 2
+    {
         return a.apply_op2(b, BatchedMatMul);
     }
     a.matmul(b)

@@ -198,7 +198,8 @@ fn the_fused_lora_projection_matches_the_composition() {
 #[test]
 fn f32_batched_matmul_matches_f64_matmul_in_value_and_gradients() {
     for (batch, m, n, k) in [(1, 40, 30, 20), (3, 70, 50, 64), (24, 9, 130, 16)] {
-        let (a, cache, probe) = (random(&[2, batch, m, k], 30), random(&[2, batch, n + 5, k], 31), random(&[2, batch, m, n], 32));
+        let (a, cache, probe) =
+            (random(&[2, batch, m, k], 30), random(&[2, batch, n + 5, k], 31), random(&[2, batch, m, n], 32));
         let run = |dtype: DType, ours: bool| {
             let (av, cv) = (
                 Var::from_tensor(&a.to_dtype(dtype).unwrap()).unwrap(),
