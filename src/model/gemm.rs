@@ -213,7 +213,7 @@ fn gemm_in_blocks(
         return Ok(());
     }
     let read_dst = accumulate == Accumulate::Yes;
-    let (dst_ptr, lhs_at, rhs_at) = (SharedPtr(dst.as_mut_ptr()), lhs.at(0, 0), rhs.at(0, 0));
+    let dst_ptr = SharedPtr(dst.as_mut_ptr());
     let blocks = Blocks::of((m, n, k), threads);
     let block = |b: usize| {
         let (rows, cols) = blocks.block(b);
@@ -228,8 +228,8 @@ fn gemm_in_blocks(
                 n,
                 read_dst,
                 scale,
-                lhs_at.offset(rows.start, 0, &lhs),
-                rhs_at.offset(0, cols.start, &rhs),
+                lhs.raw_at(rows.start, 0),
+                rhs.raw_at(0, cols.start),
             )
         }
     };
@@ -286,7 +286,6 @@ pub fn gemm_batched(
         }
         return Ok(());
     }
-    let (lhs_at, rhs_at) = (lhs.at(0, 0), rhs.at(0, 0));
     super::pool::for_each_chunk_mut(dst, m * n, |i, out| {
         // SAFETY: every product's operands were checked above, `out` is its (m, n) output.
         unsafe {
@@ -297,42 +296,41 @@ pub fn gemm_batched(
                 n,
                 false,
                 1.0,
-                SharedPtr(lhs_at.get().wrapping_add(lhs_starts[i])).offset(0, 0, &lhs),
-                SharedPtr(rhs_at.get().wrapping_add(rhs_starts[i])).offset(0, 0, &rhs),
+                Operand { data: &lhs.data[lhs_starts[i]..], ..lhs }.raw_at(0, 0),
+                Operand { data: &rhs.data[rhs_starts[i]..], ..rhs }.raw_at(0, 0),
             )
         }
     });
     Ok(())
 }
 
-/// A raw pointer shared by the threads that compute disjoint blocks of one product.
+/// The destination's pointer, shared by the threads that write disjoint blocks of it.
 #[derive(Clone, Copy)]
-struct SharedPtr<T>(*mut T);
+struct SharedPtr(*mut f32);
 // SAFETY: the threads holding it write disjoint blocks (see `gemm_into`).
-unsafe impl<T> Send for SharedPtr<T> {}
-unsafe impl<T> Sync for SharedPtr<T> {}
+unsafe impl Send for SharedPtr {}
+unsafe impl Sync for SharedPtr {}
 
-impl<T> SharedPtr<T> {
+impl SharedPtr {
     /// The pointer (a method, so that closures capture the `Sync` wrapper, not its field).
-    fn get(self) -> *mut T {
+    fn get(self) -> *mut f32 {
         self.0
     }
 }
 
-impl Operand<'_> {
-    fn at(&self, row: usize, col: usize) -> SharedPtr<f32> {
-        SharedPtr(self.data.as_ptr().wrapping_add(row * self.row_stride + col * self.col_stride) as *mut f32)
-    }
+/// An operand from one element on, as `gemm`'s kernels read it: a pointer and its strides.
+#[derive(Clone, Copy)]
+struct RawOperand {
+    ptr: *const f32,
+    row_stride: usize,
+    col_stride: usize,
 }
 
-impl SharedPtr<f32> {
-    /// This operand's element (`row`, `col`), with the strides of `like`.
-    fn offset(self, row: usize, col: usize, like: &Operand) -> (SharedPtr<f32>, usize, usize) {
-        (
-            SharedPtr(self.get().wrapping_add(row * like.row_stride + col * like.col_stride)),
-            like.row_stride,
-            like.col_stride,
-        )
+impl Operand<'_> {
+    /// This operand from element (`row`, `col`) on.
+    fn raw_at(&self, row: usize, col: usize) -> RawOperand {
+        let ptr = self.data.as_ptr().wrapping_add(row * self.row_stride + col * self.col_stride);
+        RawOperand { ptr, row_stride: self.row_stride, col_stride: self.col_stride }
     }
 }
 
@@ -388,7 +386,7 @@ impl Blocks {
 }
 
 /// `dst (m, n) [+]= scale · lhs · rhs` on the calling thread, `dst` row-major with `dst_stride`
-/// elements per row; each operand as (start, row stride, column stride).
+/// elements per row.
 ///
 /// # Safety
 /// The operands must hold every element their strides reach for an (m, k) and a (k, n)
@@ -401,8 +399,8 @@ unsafe fn block_product(
     dst_stride: usize,
     read_dst: bool,
     scale: f32,
-    (lhs, lhs_rs, lhs_cs): (SharedPtr<f32>, usize, usize),
-    (rhs, rhs_rs, rhs_cs): (SharedPtr<f32>, usize, usize),
+    lhs: RawOperand,
+    rhs: RawOperand,
 ) {
     // As `gemm::gemm` does for a row-major destination: compute the transposed product
     // (n, m) = rhsᵀ · lhsᵀ on column-major terms, which its microkernels prefer.
@@ -428,12 +426,12 @@ unsafe fn block_product(
                 dst_stride as isize,
                 1,
                 read_dst,
-                rhs.get(),
-                rhs_rs as isize,
-                rhs_cs as isize,
-                lhs.get(),
-                lhs_rs as isize,
-                lhs_cs as isize,
+                rhs.ptr,
+                rhs.row_stride as isize,
+                rhs.col_stride as isize,
+                lhs.ptr,
+                lhs.row_stride as isize,
+                lhs.col_stride as isize,
                 dst_factor,
                 scale,
                 false,
