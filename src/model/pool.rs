@@ -6,6 +6,7 @@
 //! three threads then share two cores and every product waits for the one descheduled. So
 //! pbrl's own kernels (matrix products, fused ops, AdamW) run on candle's pool too, through
 //! [`map`] and [`Chunks`] (docs/benchmarks.md, "One pool for every kernel").
+use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -14,9 +15,27 @@ pub fn threads() -> usize {
     candle_core::utils::barrier_pool().n_workers() + 1
 }
 
+thread_local! {
+    /// Whether this thread is running a loop's share: a loop started inside another runs on
+    /// the thread that started it (candle's pool takes one caller at a time and would wait
+    /// for itself; its own workers run nested work inline the same way).
+    static IN_LOOP: Cell<bool> = const { Cell::new(false) };
+}
+
 /// `f(0), …, f(n − 1)` on the pool, their results in index order (so a sum over them is the
 /// same under any thread count).
 pub fn map<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
+    if IN_LOOP.with(Cell::get) {
+        return (0..n).map(f).collect();
+    }
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            IN_LOOP.with(|l| l.set(false));
+        }
+    }
+    IN_LOOP.with(|l| l.set(true));
+    let _reset = Reset;
     let mut out: Vec<Option<R>> = (0..n).map(|_| None).collect();
     let slots = Chunks::new(&mut out, 1);
     candle_core::utils::barrier_pool().execute_chunked(n, |range| {
@@ -89,6 +108,16 @@ mod tests {
         assert!(data.iter().enumerate().all(|(j, &v)| v == (j / 10) as u32 + 1));
         assert_eq!(map(257, |i| i * i), (0..257).map(|i| i * i).collect::<Vec<_>>());
         assert!(map(0, |i| i).is_empty());
+    }
+
+    /// A loop inside a loop's body runs (on the thread that started it) instead of waiting for
+    /// the pool it is part of. Only a pool of two or more threads can wait for itself, so this
+    /// checks something when run as `CANDLE_NUM_THREADS=2 cargo test --lib pool` (the test
+    /// script pins one thread).
+    #[test]
+    fn a_loop_inside_a_loop_runs() {
+        let sums = map(8, |i| map(100, |j| i * j).into_iter().sum::<usize>());
+        assert_eq!(sums, (0..8).map(|i| i * 4950).collect::<Vec<_>>());
     }
 
     #[test]
