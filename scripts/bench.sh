@@ -149,7 +149,7 @@ report = {
         "madpo_iter_run": {"pbrl": r["pbrl_iterate"]["peak_rss_mib"], "comlrl": r["comlrl_iterate"]["peak_rss_mib"]},
     },
     "threads": r["pbrl_train"]["threads"],
-    # the kernel rule pbrl's linear layers followed (src/model/gemm.rs; PBRL_GEMM forces one)
+    # the kernel rule pbrl's linear layers followed (src/model/gemm/; PBRL_GEMM forces one)
     "machine": machine(r["pbrl_train"]["gemm_kernels"]),
 }
 json.dump(report, open(f"{d}/report.json", "w"), indent=1)

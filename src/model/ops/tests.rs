@@ -37,28 +37,32 @@ fn check(inputs: &[Tensor], fused: Op, composite: Op) {
     }
 }
 
+/// An f32 op on two inputs against candle's composition in f64: the value and both inputs'
+/// gradients (for the upstream gradient `probe`) agree within 1e-4. `op(a, b, ours)` runs pbrl's
+/// op when `ours`, else the composition.
+fn f32_matches_f64(inputs: [&Tensor; 2], probe: &Tensor, what: &str, op: impl Fn(&Tensor, &Tensor, bool) -> Tensor) {
+    let run = |dtype: DType, ours: bool| {
+        let vars = inputs.map(|t| Var::from_tensor(&t.to_dtype(dtype).unwrap()).unwrap());
+        let y = op(vars[0].as_tensor(), vars[1].as_tensor(), ours);
+        let g = (&y * probe.to_dtype(dtype).unwrap()).unwrap().sum_all().unwrap().backward().unwrap();
+        let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+        [f64s(&y), f64s(g.get(vars[0].as_tensor()).unwrap()), f64s(g.get(vars[1].as_tensor()).unwrap())]
+    };
+    let (got, want) = (run(DType::F32, true), run(DType::F64, false));
+    for (name, (a, b)) in ["value", "gradient of input 0", "gradient of input 1"].iter().zip(got.iter().zip(&want)) {
+        assert!(max_diff(a, b) < 1e-4, "{what}: {name} differs by {}", max_diff(a, b));
+    }
+}
+
 /// The f32 linear layer (pbrl's kernel choice, `super::gemm`) against f64 candle matmuls,
 /// in value and gradients, below and above the wide-kernel threshold.
 #[test]
 fn f32_linear_matches_f64_matmul_in_value_and_gradients() {
     for (m, n, k) in [(5, 3, 4), (130, 150, 140)] {
         let (x, w, probe) = (random(&[m, k], 20), random(&[n, k], 21), random(&[m, n], 22));
-        let run = |dtype: DType, fused: bool| {
-            let (xv, wv) = (
-                Var::from_tensor(&x.to_dtype(dtype).unwrap()).unwrap(),
-                Var::from_tensor(&w.to_dtype(dtype).unwrap()).unwrap(),
-            );
-            let y =
-                if fused { linear(xv.as_tensor(), wv.as_tensor()) } else { xv.as_tensor().matmul(&wv.t().unwrap()) };
-            let y = y.unwrap();
-            let g = (&y * probe.to_dtype(dtype).unwrap()).unwrap().sum_all().unwrap().backward().unwrap();
-            let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
-            [f64s(&y), f64s(g.get(xv.as_tensor()).unwrap()), f64s(g.get(wv.as_tensor()).unwrap())]
-        };
-        let (got, want) = (run(DType::F32, true), run(DType::F64, false));
-        for (what, (a, b)) in ["y", "dx", "dw"].iter().zip(got.iter().zip(&want)) {
-            assert!(max_diff(a, b) < 1e-4, "{m}x{n}x{k} {what} differs by {}", max_diff(a, b));
-        }
+        f32_matches_f64([&x, &w], &probe, &format!("{m}x{n}x{k}"), |x, w, ours| {
+            if ours { linear(x, w) } else { x.matmul(&w.t().unwrap()) }.unwrap()
+        });
     }
 }
 
@@ -200,21 +204,10 @@ fn f32_batched_matmul_matches_f64_matmul_in_value_and_gradients() {
     for (batch, m, n, k) in [(1, 40, 30, 20), (3, 70, 50, 64), (24, 9, 130, 16)] {
         let (a, cache, probe) =
             (random(&[2, batch, m, k], 30), random(&[2, batch, n + 5, k], 31), random(&[2, batch, m, n], 32));
-        let run = |dtype: DType, ours: bool| {
-            let (av, cv) = (
-                Var::from_tensor(&a.to_dtype(dtype).unwrap()).unwrap(),
-                Var::from_tensor(&cache.to_dtype(dtype).unwrap()).unwrap(),
-            );
+        f32_matches_f64([&a, &cache], &probe, &format!("{batch}x{m}x{n}x{k}"), |a, cache, ours| {
             // (2, batch, n, k) rows of a longer cache, used transposed: (2, batch, k, n).
-            let b = cv.as_tensor().narrow(2, 2, n).unwrap().t().unwrap();
-            let y = if ours { batched_matmul(av.as_tensor(), &b) } else { av.as_tensor().matmul(&b) }.unwrap();
-            let g = (&y * probe.to_dtype(dtype).unwrap()).unwrap().sum_all().unwrap().backward().unwrap();
-            let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
-            [f64s(&y), f64s(g.get(av.as_tensor()).unwrap()), f64s(g.get(cv.as_tensor()).unwrap())]
-        };
-        let (got, want) = (run(DType::F32, true), run(DType::F64, false));
-        for (what, (x, y)) in ["y", "da", "db"].iter().zip(got.iter().zip(&want)) {
-            assert!(max_diff(x, y) < 1e-4, "{batch}x{m}x{n}x{k} {what} differs by {}", max_diff(x, y));
-        }
+            let b = cache.narrow(2, 2, n).unwrap().t().unwrap();
+            if ours { batched_matmul(a, &b) } else { a.matmul(&b) }.unwrap()
+        });
     }
 }

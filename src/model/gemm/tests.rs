@@ -1,0 +1,104 @@
+use super::*;
+
+fn naive(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+    let mut c = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum::<f64>() as f32;
+        }
+    }
+    c
+}
+
+fn data(len: usize, seed: u32) -> Vec<f32> {
+    (0..len)
+        .map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 1000) as f32 / 500.0 - 1.0)
+        .collect()
+}
+
+#[test]
+fn every_available_family_computes_the_product_in_any_layout() {
+    for family in [KernelFamily::Avx512, KernelFamily::Avx2, KernelFamily::Scalar] {
+        if !family.available() {
+            continue;
+        }
+        for (m, n, k) in [(1, 1, 1), (4, 3, 0), (3, 5, 7), (8, 576, 64), (40, 33, 17), (64, 96, 128), (130, 140, 33)] {
+            let (a, b) = (data(m * k, 1), data(k * n, 2));
+            let want = naive(m, n, k, &a, &b);
+            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect(); // (n, k)
+            let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect(); // (k, m)
+            for (lhs, rhs) in [
+                (Operand::row_major(&a, k), Operand::row_major(&b, n)),
+                (Operand::row_major(&a, k), Operand::transposed(&bt, k)),
+                (Operand::transposed(&at, m), Operand::row_major(&b, n)),
+            ] {
+                let got = matmul(family, m, n, k, lhs, rhs).unwrap();
+                for (g, w) in got.iter().zip(&want) {
+                    assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{family:?} {m}x{n}x{k}: {g} vs {w}");
+                }
+            }
+        }
+    }
+}
+
+/// A product cut into blocks for several threads gives the same bits as the whole one, in
+/// every layout, along either side, accumulating or not.
+#[test]
+fn blocks_for_threads_change_no_bit_of_the_product() {
+    for family in [KernelFamily::Avx512, KernelFamily::Avx2, KernelFamily::Scalar] {
+        if !family.available() {
+            continue;
+        }
+        // Longer rows or longer columns; a thin side of at most 64; a depth above 512.
+        for (m, n, k) in [(400, 96, 70), (96, 700, 70), (300, 16, 600), (50, 900, 1100)] {
+            assert!(Blocks::of((m, n, k), 3).count > 1, "{m}x{n}x{k} is cut");
+            let (a, b) = (data(m * k, 3), data(k * n, 4));
+            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+            let start = data(m * n, 5);
+            for (lhs, rhs) in [
+                (Operand::row_major(&a, k), Operand::row_major(&b, n)),
+                (Operand::row_major(&a, k), Operand::transposed(&bt, k)),
+            ] {
+                for accumulate in [Accumulate::No, Accumulate::Yes] {
+                    let run = |threads| {
+                        let mut dst = start.clone();
+                        gemm_in_blocks(family, (m, n, k), &mut dst, accumulate, 0.5, lhs, rhs, threads).unwrap();
+                        dst
+                    };
+                    let whole = run(1);
+                    let want = naive(m, n, k, &a, &b);
+                    let base = |i: usize| if accumulate == Accumulate::Yes { start[i] } else { 0.0 };
+                    for (i, w) in want.iter().enumerate() {
+                        let w = base(i) + 0.5 * w;
+                        assert!((whole[i] - w).abs() <= 1e-4 * (1.0 + w.abs()), "{family:?} {m}x{n}x{k}");
+                    }
+                    for threads in [2, 3, 8] {
+                        let cut = run(threads);
+                        assert!(
+                            cut.iter().zip(&whole).all(|(c, w)| c.to_bits() == w.to_bits()),
+                            "{family:?} {m}x{n}x{k} on {threads} threads"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn operands_too_small_for_their_shape_are_an_error() {
+    let a = vec![0f32; 5];
+    let err = matmul(KernelFamily::Scalar, 2, 2, 3, Operand::row_major(&a, 3), Operand::row_major(&a, 2));
+    assert!(err.unwrap_err().contains("lhs"));
+}
+
+#[test]
+fn the_choice_follows_the_output_shape_and_the_variable() {
+    let auto = KernelChoice::Auto { wide: Some(KernelFamily::Avx512), narrow: KernelFamily::Avx2 };
+    assert_eq!(auto.family(8, 49152), KernelFamily::Avx2);
+    assert_eq!(auto.family(512, 576), KernelFamily::Avx512);
+    assert_eq!(KernelChoice::Forced(KernelFamily::Scalar).family(512, 576), KernelFamily::Scalar);
+    assert_eq!(parse_choice(Some("scalar")), Ok(KernelChoice::Forced(KernelFamily::Scalar)));
+    assert!(parse_choice(Some("avx9")).unwrap_err().contains("expected auto, avx512, avx2 or scalar"));
+    assert!(matches!(parse_choice(None), Ok(KernelChoice::Auto { .. })));
+}
