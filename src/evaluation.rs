@@ -29,18 +29,28 @@ pub fn eval_items(cfg: &Config) -> Result<Option<Vec<TaskItem>>> {
     Ok(Some(items))
 }
 
-/// The items of the periodic evaluation during training: the eval file's (as `pbrl eval`), or
-/// with `eval_split = x` the held-out train items; at most `eval_num_samples`.
+/// The items of the periodic evaluation during training: the eval file's (as `pbrl eval`), the
+/// validation file's, or with `eval_split = x` the held-out train items; at most `eval_num_samples`.
 pub fn periodic_eval_items(cfg: &Config) -> Result<Option<Vec<TaskItem>>> {
-    match cfg.eval_split {
-        EvalSplit::EvalFile => eval_items(cfg),
-        EvalSplit::TrainShare(_) if cfg.eval_num_samples == 0 => Ok(None),
-        EvalSplit::TrainShare(_) => {
-            let mut items = held_out_items(cfg)?;
-            items.truncate(cfg.eval_num_samples as usize);
-            Ok(Some(items))
-        }
+    if cfg.eval_num_samples == 0 {
+        return Ok(None);
     }
+    let mut items = match cfg.eval_split {
+        EvalSplit::EvalFile => return eval_items(cfg),
+        EvalSplit::ValidationFile => {
+            let file = cfg
+                .task
+                .validation_file
+                .as_ref()
+                .context("eval_split = \"validation_file\" needs task.validation_file")?;
+            let items = load_items(file)?;
+            crate::task::check_prompts(&cfg.role_templates(), items.iter().enumerate(), "validation")?;
+            items
+        }
+        EvalSplit::TrainShare(_) => held_out_items(cfg)?,
+    };
+    items.truncate(cfg.eval_num_samples as usize);
+    Ok(Some(items))
 }
 
 pub struct Evaluation {
@@ -389,6 +399,39 @@ mod tests {
         let (r2, r3) = (periodic_eval_stream(42, &[1, 2]), periodic_eval_stream(42, &[3]));
         assert!(r2 != 42 && r3 != 42 && r2 != r3);
         assert_eq!(periodic_eval_stream(42, &[2, 1]), r2);
+    }
+
+    /// Each `eval_split` takes the periodic evaluation's items from its own place, and only a
+    /// share takes them out of the train items.
+    #[test]
+    fn each_eval_split_evaluates_its_own_items() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, n: usize| {
+            let path = dir.path().join(name);
+            let lines: Vec<String> = (0..n).map(|i| json!({"prompt": format!("{name} {i}")}).to_string()).collect();
+            std::fs::write(&path, lines.join("\n")).unwrap();
+            path
+        };
+        let mut cfg = Config::default();
+        cfg.task.train_file = Some(file("train", 10));
+        cfg.task.eval_file = Some(file("eval", 6));
+        cfg.task.validation_file = Some(file("validation", 5));
+        cfg.eval_num_samples = 4;
+        let prompts = |cfg: &Config| -> Vec<String> {
+            periodic_eval_items(cfg).unwrap().unwrap().iter().map(|it| it["prompt"].to_string()).collect()
+        };
+        let trained = |cfg: &Config| crate::task::split::train_items(cfg).unwrap().len();
+        cfg.eval_split = EvalSplit::ValidationFile;
+        assert_eq!(prompts(&cfg), ["\"validation 0\"", "\"validation 1\"", "\"validation 2\"", "\"validation 3\""]);
+        assert_eq!(trained(&cfg), 10, "every train item is trained on");
+        cfg.eval_split = EvalSplit::EvalFile;
+        assert!(prompts(&cfg).iter().all(|p| p.contains("eval")));
+        assert_eq!(trained(&cfg), 10);
+        cfg.eval_split = EvalSplit::TrainShare(0.3);
+        assert!(prompts(&cfg).len() == 3 && prompts(&cfg).iter().all(|p| p.contains("train")));
+        assert_eq!(trained(&cfg), 7, "the held-out share is not trained on");
+        cfg.eval_num_samples = 0;
+        assert!(periodic_eval_items(&cfg).unwrap().is_none());
     }
 
     #[test]

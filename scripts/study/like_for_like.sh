@@ -6,7 +6,9 @@
 # prompts x 4 samples with the same seed, and scripts/study/like_for_like.py prints the paired
 # gains (per prompt, after minus before) with their standard errors and the times. A third side,
 # `pbrlref`, is pbrl running the reference's own MADPO (reference-free, beta 0.1, a constant
-# rate, no keep-best, all train items): the same algorithm as CoMLRL's, in pbrl.
+# rate, no keep-best, all train items): the same algorithm as CoMLRL's, in pbrl. A fourth,
+# `pbrlval`, is `pbrlref` with keep-best on a validation file (data/length_ratio/validation.jsonl,
+# 16 prompts that are neither trained on nor evaluated by `pbrl eval`), every 12 updates.
 #   DIR=study dir (default runs/like-for-like)  SEEDS="1 2 3"  THREADS=1  SIDES="pbrl comlrl"
 #   VENV=.venv-bench (torch, transformers, gguf, datasets, comlrl 1.4.3; scripts/bench.sh makes it)
 # A step whose output exists is skipped, so a cut study resumes where it stopped.
@@ -27,10 +29,15 @@ for s in $SEEDS; do
     run=$DIR/$side-s$s
     if [ ! -f "$run/agents/team.json" ]; then
       rm -rf "$run"
-      if [ "$side" = pbrl ] || [ "$side" = pbrlref ]; then
-        extra=()
-        [ "$side" = pbrlref ] && extra=(madpo_reference=false dpo_beta=0.1 lr_scheduler_type=\"constant\" keep_best=false
-          eval_split=\"eval_file\" eval_interval=0)
+      if [ "$side" != comlrl ]; then
+        reference=(madpo_reference=false dpo_beta=0.1 lr_scheduler_type=\"constant\")
+        case $side in
+          pbrl) extra=() ;;
+          pbrlref) extra=("${reference[@]}" keep_best=false eval_split=\"eval_file\" eval_interval=0) ;;
+          pbrlval) extra=("${reference[@]}" eval_split=\"validation_file\"
+            task.validation_file=\"data/length_ratio/validation.jsonl\") ;;
+          *) echo "unknown side $side" >&2; exit 2 ;;
+        esac
         t=$(timed "$DIR/logs/$side-s$s.collect.log" "$PBRL" collect "${cfg[@]}" --run-dir "$run" "${extra[@]}")
         echo "$side-s$s collect $t" >> "$DIR/times"
         t=$(timed "$DIR/logs/$side-s$s.train.log" "$PBRL" train-madpo "${cfg[@]}" --run-dir "$run" "${extra[@]}")

@@ -123,7 +123,8 @@ pub struct Config {
     /// from the start (one forward pass per pair).
     pub madpo_log_kl: bool,
     /// Where the periodic evaluations during training take their items: "eval_file" (the task's
-    /// eval file) or a share of the train items, held out from collection and training.
+    /// eval file), "validation_file" (`task.validation_file`) or a share of the train items,
+    /// held out from collection and training.
     pub eval_split: EvalSplit,
     /// Save the agents of the best periodic evaluation instead of the last ones.
     pub keep_best: bool,

@@ -485,8 +485,13 @@ impl Config {
         }
         if let EvalSplit::TrainShare(x) = self.eval_split {
             if !(x > 0.0 && x < 1.0) {
-                return err("eval_split must be \"eval_file\" or a share of the train items in (0, 1).");
+                return err(
+                    "eval_split must be \"eval_file\", \"validation_file\" or a share of the train items in (0, 1).",
+                );
             }
+        }
+        if self.eval_split == EvalSplit::ValidationFile && self.task.validation_file.is_none() {
+            return err("eval_split = \"validation_file\" needs task.validation_file (a JSONL of items)");
         }
         if self.keep_best && (self.eval_interval == 0 || self.eval_num_samples == 0) {
             return err("keep_best needs periodic evaluations: set eval_interval >= 1 and eval_num_samples >= 1");

@@ -14,6 +14,9 @@ pub struct TaskConfig {
     /// JSONL: the held-out items `pbrl eval` (and, with `eval_split = "eval_file"`, the periodic
     /// evaluations) use.
     pub eval_file: Option<PathBuf>,
+    /// JSONL: items only the periodic evaluations use (`eval_split = "validation_file"`), so
+    /// that keep-best chooses agents on prompts that are neither trained on nor in `eval_file`.
+    pub validation_file: Option<PathBuf>,
     /// One prompt template per agent, or one for all; `{field}` is replaced by the item's field,
     /// `{{` and `}}` are literal braces.
     pub formatters: Vec<String>,
@@ -31,6 +34,7 @@ impl Default for TaskConfig {
         Self {
             train_file: None,
             eval_file: None,
+            validation_file: None,
             formatters: vec!["{prompt}".to_string()],
             system_prompts: None,
             chat_template: true,

@@ -73,11 +73,13 @@ impl<'de> Deserialize<'de> for TokenLimit {
     }
 }
 
-/// The items of the periodic evaluation during training: the eval file, or a share of the train
-/// items (a number in (0, 1)) held out from collection and training.
+/// The items of the periodic evaluation during training: the eval file, a validation file
+/// (`task.validation_file`, prompts that neither training nor `pbrl eval` uses), or a share of
+/// the train items (a number in (0, 1)) held out from collection and training.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum EvalSplit {
     EvalFile,
+    ValidationFile,
     TrainShare(f64),
 }
 
@@ -85,6 +87,7 @@ impl Serialize for EvalSplit {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
             EvalSplit::EvalFile => s.serialize_str("eval_file"),
+            EvalSplit::ValidationFile => s.serialize_str("validation_file"),
             EvalSplit::TrainShare(x) => s.serialize_f64(*x),
         }
     }
@@ -101,8 +104,9 @@ impl<'de> Deserialize<'de> for EvalSplit {
         match Raw::deserialize(d)? {
             Raw::Share(x) => Ok(EvalSplit::TrainShare(x)),
             Raw::Word(w) if w == "eval_file" => Ok(EvalSplit::EvalFile),
+            Raw::Word(w) if w == "validation_file" => Ok(EvalSplit::ValidationFile),
             Raw::Word(w) => Err(serde::de::Error::custom(format!(
-                "invalid value `{w}` (use \"eval_file\" or a share of the train items in (0, 1))"
+                "invalid value `{w}` (use \"eval_file\", \"validation_file\" or a share of the train items in (0, 1))"
             ))),
         }
     }

@@ -35,14 +35,21 @@ const NOT_IN_FINGERPRINT: &[&str] = &[
     "collect_batch_size",
     "reward_fresh_samples",
     "task.eval_file",
+    "task.validation_file",
     // How patient the API comparator is: after an outage a resume may wait longer.
     "comparator_api_timeout",
     "comparator_api_max_attempts",
 ];
 
 /// The keys of [`NOT_IN_FINGERPRINT`] that decide which agents `keep_best` saves.
-const KEEP_BEST_KEYS: &[&str] =
-    &["eval_interval", "eval_num_samples", "eval_batch_size", "eval_samples_per_item", "task.eval_file"];
+const KEEP_BEST_KEYS: &[&str] = &[
+    "eval_interval",
+    "eval_num_samples",
+    "eval_batch_size",
+    "eval_samples_per_item",
+    "task.eval_file",
+    "task.validation_file",
+];
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Fingerprint(pub BTreeMap<String, String>);

@@ -61,13 +61,13 @@ fn all_train_items(cfg: &Config) -> Result<Vec<TaskItem>> {
 pub fn train_items(cfg: &Config) -> Result<Vec<(usize, TaskItem)>> {
     let items = all_train_items(cfg)?;
     let held = match cfg.eval_split {
-        EvalSplit::EvalFile => vec![false; items.len()],
+        EvalSplit::EvalFile | EvalSplit::ValidationFile => vec![false; items.len()],
         EvalSplit::TrainShare(x) => held_out(items.len(), x, cfg.seed)?,
     };
     Ok(items.into_iter().enumerate().filter(|(i, _)| !held[*i]).collect())
 }
 
-/// The held-out train items (empty with `eval_split = "eval_file"`), in file order.
+/// The held-out train items (empty unless `eval_split` is a share), in file order.
 pub fn held_out_items(cfg: &Config) -> Result<Vec<TaskItem>> {
     let EvalSplit::TrainShare(x) = cfg.eval_split else { return Ok(Vec::new()) };
     let items = all_train_items(cfg)?;
