@@ -102,6 +102,10 @@ fn fused_ops_match_their_composite_references() {
     check(&[random(&[130, 6], 13), random(&[6], 14)], &|t| rms_norm(&t[0], &t[1], 1e-5).unwrap(), &|t| {
         rms_norm_composite(&t[0], &t[1], 1e-5).unwrap()
     });
+    // More elements than one chunk of the pool's loop.
+    check(&[random(&[3, 2000], 15), random(&[3, 2000], 16)], &|t| swiglu(&t[0], &t[1]).unwrap(), &|t| {
+        swiglu_composite(&t[0], &t[1]).unwrap()
+    });
     // Targets carry no gradient: check the logits' gradient alone.
     let logits = random(&[4, 7], 12);
     check(&[logits], &|t| token_log_probs(&t[0], &targets).unwrap(), &|t| {
@@ -210,4 +214,25 @@ fn f32_batched_matmul_matches_f64_matmul_in_value_and_gradients() {
             if ours { batched_matmul(a, &b) } else { a.matmul(&b) }.unwrap()
         });
     }
+}
+
+/// The f32 kernels with exponentials (softmax, the gated activation, the token log-prob over a
+/// vocabulary-sized row) against f64 candle compositions, in value and gradients.
+#[test]
+fn f32_exp_kernels_match_f64_compositions() {
+    let scaled = |t: Tensor, by: f64| (t * by).unwrap();
+    let (x, y) = (scaled(random(&[6, 50], 40), 8.0), random(&[6, 50], 41));
+    f32_matches_f64([&x, &y], &random(&[6, 50], 42), "softmax", |x, y, ours| {
+        (if ours { softmax_last_dim(x) } else { softmax_composite(x) }.unwrap() * y).unwrap()
+    });
+    let (a, u) = (scaled(random(&[3, 2000], 43), 6.0), random(&[3, 2000], 44));
+    f32_matches_f64([&a, &u], &random(&[3, 2000], 45), "swiglu", |a, u, ours| {
+        if ours { swiglu(a, u) } else { swiglu_composite(a, u) }.unwrap()
+    });
+    let (logits, shift) = (scaled(random(&[5, 3000], 46), 10.0), random(&[5, 3000], 47));
+    let targets = Tensor::new(&[3u32, 2999, 0, 1500, 7], &Device::Cpu).unwrap();
+    f32_matches_f64([&logits, &shift], &random(&[5], 48), "token log-prob", |l, s, ours| {
+        let l = (l + s).unwrap();
+        if ours { token_log_probs(&l, &targets) } else { token_log_probs_composite(&l, &targets) }.unwrap()
+    });
 }
