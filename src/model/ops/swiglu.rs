@@ -1,7 +1,9 @@
 //! The gated MLP's activation, silu(gate) ⊙ up, fused forward and backward. candle records it
 //! as a SiLU and a product, and SiLU's backward as eight element-wise ops, each a pass over the
 //! (tokens × intermediate) activations with its own allocation, plus `zeros + grad` per input:
-//! ~15 passes per layer where this takes one forward and one backward.
+//! ~15 passes per layer where this takes one forward and one backward. Each element is computed
+//! by candle's own formulas in candle's order, so values and gradients are bit for bit those of
+//! the composition (tested).
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
 use num_traits::Float;
@@ -12,9 +14,10 @@ use crate::model::pool;
 /// Rows of this many elements are what the pool hands out (the last dimension can be short).
 const CHUNK: usize = 4096;
 
+/// candle's SiLU: a / (1 + e^−a).
 #[inline(always)]
-fn sigmoid<T: Float>(a: T) -> T {
-    T::one() / (T::one() + (-a).exp())
+fn silu<T: Float>(a: T) -> T {
+    a / (T::one() + (-a).exp())
 }
 
 struct SwiGlu;
@@ -30,7 +33,7 @@ impl CustomOp2 for SwiGlu {
             pool::for_each_chunk_mut(&mut h, CHUNK, |c, h| {
                 let (a, u) = (&a[c * CHUNK..][..h.len()], &u[c * CHUNK..][..h.len()]);
                 for i in 0..h.len() {
-                    h[i] = a[i] * sigmoid(a[i]) * u[i];
+                    h[i] = silu(a[i]) * u[i];
                 }
             });
             h
@@ -48,7 +51,8 @@ impl CustomOp2 for SwiGlu {
     }
 }
 
-/// d gate = g ⊙ u ⊙ s ⊙ (1 + a ⊙ (1 − s)), d up = g ⊙ a ⊙ s, s = sigmoid(a); stacked (2, …).
+/// d gate = (g ⊙ u) ⊙ (s ⊙ (1 − silu(a)) + silu(a)), s = 1 / (e^−a + 1) (candle's SiLU backward
+/// after its product's), d up = g ⊙ silu(a); stacked (2, …).
 struct SwiGluGrad;
 
 impl CustomOp3 for SwiGluGrad {
@@ -73,15 +77,15 @@ impl CustomOp3 for SwiGluGrad {
                 let k = c * CHUNK;
                 let (a, u, g) = (&a[k..][..da.len()], &u[k..][..da.len()], &g[k..][..da.len()]);
                 for i in 0..da.len() {
-                    let s = sigmoid(a[i]);
-                    da[i] = g[i] * u[i] * s * (T::one() + a[i] * (T::one() - s));
+                    let (s, y) = (((-a[i]).exp() + T::one()).recip(), silu(a[i]));
+                    da[i] = (g[i] * u[i]) * (s * (T::one() - y) + y);
                 }
             });
             pool::for_each_chunk_mut(du, CHUNK, |c, du| {
                 let k = c * CHUNK;
                 let (a, g) = (&a[k..][..du.len()], &g[k..][..du.len()]);
                 for i in 0..du.len() {
-                    du[i] = g[i] * a[i] * sigmoid(a[i]);
+                    du[i] = g[i] * silu(a[i]);
                 }
             });
             out

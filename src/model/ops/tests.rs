@@ -106,6 +106,7 @@ fn fused_ops_match_their_composite_references() {
     check(&[random(&[3, 2000], 15), random(&[3, 2000], 16)], &|t| swiglu(&t[0], &t[1]).unwrap(), &|t| {
         swiglu_composite(&t[0], &t[1]).unwrap()
     });
+    swiglu_is_bit_for_bit_the_composition();
     // Targets carry no gradient: check the logits' gradient alone.
     let logits = random(&[4, 7], 12);
     check(&[logits], &|t| token_log_probs(&t[0], &targets).unwrap(), &|t| {
@@ -213,6 +214,29 @@ fn f32_batched_matmul_matches_f64_matmul_in_value_and_gradients() {
             let b = cache.narrow(2, 2, n).unwrap().t().unwrap();
             if ours { batched_matmul(a, &b) } else { a.matmul(&b) }.unwrap()
         });
+    }
+}
+
+/// The fused gated activation repeats candle's formulas in candle's order: f32 values and
+/// gradients equal the composition's bit for bit, so fusing it changed no trained weight.
+fn swiglu_is_bit_for_bit_the_composition() {
+    let (a, u) = (
+        (random(&[7, 1500], 17) * 6.0).unwrap().to_dtype(DType::F32).unwrap(),
+        random(&[7, 1500], 18).to_dtype(DType::F32).unwrap(),
+    );
+    let probe = random(&[7, 1500], 19).to_dtype(DType::F32).unwrap();
+    let run = |f: &dyn Fn(&Tensor, &Tensor) -> Tensor| {
+        let (av, uv) = (Var::from_tensor(&a).unwrap(), Var::from_tensor(&u).unwrap());
+        let y = f(av.as_tensor(), uv.as_tensor());
+        let g = (&y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        [y, g.get(av.as_tensor()).unwrap().clone(), g.get(uv.as_tensor()).unwrap().clone()]
+            .map(|t| t.flatten_all().unwrap().to_vec1::<f32>().unwrap())
+    };
+    let fused = run(&|a, u| swiglu(a, u).unwrap());
+    let composite = run(&|a, u| swiglu_composite(a, u).unwrap());
+    for (what, (x, y)) in ["value", "gate gradient", "up gradient"].iter().zip(fused.iter().zip(&composite)) {
+        let differ = x.iter().zip(y).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+        assert_eq!(differ, 0, "{what}: {differ} of {} elements differ in their bits", x.len());
     }
 }
 
