@@ -226,8 +226,8 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = ops::swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?;
-        self.down_proj.forward(&h)
+        let g = self.gate_proj.forward(x)?.silu()?;
+        self.down_proj.forward(&(g * self.up_proj.forward(x)?)?)
     }
 }
 

@@ -15,16 +15,14 @@
 //! - [`batched_matmul`] is attention's batched product on the same kernels, the batch spread
 //!   over the threads (f32 on the CPU; elsewhere candle's matmul).
 //! - [`softmax_last_dim`], [`rms_norm`], [`split_heads`] (with the rotary embedding),
-//!   [`merge_heads`], [`swiglu`] and [`token_log_probs`] have CPU kernels (f32 and f64); on
-//!   other devices they fall back to the differentiable compositions of candle ops named
-//!   `*_composite`.
+//!   [`merge_heads`] and [`token_log_probs`] have CPU kernels (f32 and f64); on other devices
+//!   they fall back to the differentiable compositions of candle ops named `*_composite`.
 pub use batched::batched_matmul;
 pub use heads::{merge_heads, merge_heads_composite, split_heads, split_heads_composite};
 pub use log_prob::{token_log_probs, token_log_probs_composite};
 pub use lora::{lora_fuses, lora_linear, BaseWeight};
 pub use norm::{rms_norm, rms_norm_composite, rope_composite};
 pub use softmax::{softmax_composite, softmax_last_dim};
-pub use swiglu::{swiglu, swiglu_composite};
 
 use std::sync::Arc;
 
@@ -68,31 +66,6 @@ macro_rules! dispatch2 {
                 CpuStorage::F64($body)
             }
             _ => candle_core::bail!("{}: operands must both be f32 or both f64", $name),
-        }
-    };
-}
-
-/// The same for three storages.
-macro_rules! dispatch3 {
-    ($name:expr, ($a:expr, $la:expr), ($b:expr, $lb:expr), ($c:expr, $lc:expr), |$x:ident, $y:ident, $z:ident| $body:expr) => {
-        match ($a, $b, $c) {
-            (CpuStorage::F32($x), CpuStorage::F32($y), CpuStorage::F32($z)) => {
-                let ($x, $y, $z) = (
-                    contiguous_slice($x, $la, $name)?,
-                    contiguous_slice($y, $lb, $name)?,
-                    contiguous_slice($z, $lc, $name)?,
-                );
-                CpuStorage::F32($body)
-            }
-            (CpuStorage::F64($x), CpuStorage::F64($y), CpuStorage::F64($z)) => {
-                let ($x, $y, $z) = (
-                    contiguous_slice($x, $la, $name)?,
-                    contiguous_slice($y, $lb, $name)?,
-                    contiguous_slice($z, $lc, $name)?,
-                );
-                CpuStorage::F64($body)
-            }
-            _ => candle_core::bail!("{}: operands must all be f32 or all f64", $name),
         }
     };
 }
@@ -264,7 +237,6 @@ mod log_prob;
 mod lora;
 mod norm;
 mod softmax;
-mod swiglu;
 #[cfg(test)]
 mod tests;
 

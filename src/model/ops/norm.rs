@@ -84,8 +84,21 @@ impl CustomOp3 for RmsNormGradX {
             dx
         }
         let n = "rms-norm-grad-x";
-        let eps = self.eps;
-        let out = dispatch3!(n, (x, lx), (w, lw), (g, lg), |x, w, g| run(x, w, g, eps));
+        let out = match (x, w, g) {
+            (CpuStorage::F32(x), CpuStorage::F32(w), CpuStorage::F32(g)) => CpuStorage::F32(run(
+                contiguous_slice(x, lx, n)?,
+                contiguous_slice(w, lw, n)?,
+                contiguous_slice(g, lg, n)?,
+                self.eps,
+            )),
+            (CpuStorage::F64(x), CpuStorage::F64(w), CpuStorage::F64(g)) => CpuStorage::F64(run(
+                contiguous_slice(x, lx, n)?,
+                contiguous_slice(w, lw, n)?,
+                contiguous_slice(g, lg, n)?,
+                self.eps,
+            )),
+            _ => candle_core::bail!("{n}: operands must all be f32 or all f64"),
+        };
         Ok((out, lx.shape().clone()))
     }
 }
