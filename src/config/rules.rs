@@ -483,12 +483,10 @@ impl Config {
         if self.reference_model_name.is_some() {
             DeviceSpec::resolve(self.reference_devices.as_ref(), self.num_actors(), "reference_devices")?;
         }
-        if let EvalSplit::TrainShare(x) = self.eval_split {
-            if !(x > 0.0 && x < 1.0) {
-                return err(
-                    "eval_split must be \"eval_file\", \"validation_file\" or a share of the train items in (0, 1).",
-                );
-            }
+        if matches!(self.eval_split, EvalSplit::TrainShare(x) if !(x > 0.0 && x < 1.0)) {
+            return err(
+                "eval_split must be \"eval_file\", \"validation_file\" or a share of the train items in (0, 1).",
+            );
         }
         if self.eval_split == EvalSplit::ValidationFile && self.task.validation_file.is_none() {
             return err("eval_split = \"validation_file\" needs task.validation_file (a JSONL of items)");
