@@ -216,6 +216,42 @@ fn keep_best_saves_the_best_evaluated_agents() {
     assert!(plot.contains("eval reward") && plot.contains("madpo/winner_shorter"), "{plot}");
 }
 
+/// `eval_split = "validation_file"`: collection takes every train item, and keep-best evaluates
+/// the validation file's items (a bad item there is reported as the validation file's).
+#[test]
+fn keep_best_on_a_validation_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "");
+    std::fs::write(d.join("val.jsonl"), "{\"prompt\": \"w1 w2\"}\n{\"prompt\": \"w5 w6\"}\n").unwrap();
+    std::fs::write(d.join("bad.jsonl"), "{\"topic\": \"w1\"}\n").unwrap();
+    let run = |cmd: &str, run_dir: &str, file: &str| {
+        let keys = [
+            "eval_split=\"validation_file\"".to_string(),
+            format!("task.validation_file=\"{file}\""),
+            "keep_best=true".into(),
+            "eval_interval=1".into(),
+            "eval_num_samples=2".into(),
+            "eval_samples_per_item=1".into(),
+        ];
+        let mut args = vec![cmd, "--config", "c.toml", "--run-dir", run_dir];
+        args.extend(keys.iter().map(String::as_str));
+        pbrl(&args, d)
+    };
+    ok(run("collect", "val", "val.jsonl"));
+    let round = std::fs::read_to_string(d.join("val/preference_replay/iteration_0001.json")).unwrap();
+    for i in 0..4 {
+        assert!(round.contains(&format!("w{i} w{} w7", i + 3)), "train item {i} is collected");
+    }
+    let o = run("train-madpo", "val", "bad.jsonl");
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("validation item 0"), "{e}");
+    let o = ok(run("train-madpo", "val", "val.jsonl"));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("eval reward: final") && out.contains("best"), "{out}");
+}
+
 #[test]
 fn missing_and_empty_rounds() {
     let dir = tempfile::tempdir().unwrap();
