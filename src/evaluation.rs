@@ -16,17 +16,27 @@ use crate::task::{load_items, TaskItem};
 use crate::team::rollout::rollout;
 use crate::team::{check_fits, load_members, Agent, Members};
 
+/// The first `eval_num_samples` items of a held-out file (`split` names it in errors), each
+/// checked to give every role a prompt.
+fn held_out_file_items(
+    cfg: &Config,
+    file: Option<&std::path::PathBuf>,
+    key: &str,
+    split: &str,
+) -> Result<Vec<TaskItem>> {
+    let file = file.with_context(|| format!("{key} is not set: this evaluation needs its items"))?;
+    let mut items = load_items(file)?;
+    items.truncate(cfg.eval_num_samples as usize);
+    crate::task::check_prompts(&cfg.role_templates(), items.iter().enumerate(), split)?;
+    Ok(items)
+}
+
 /// The held-out items an evaluation uses (`None` when `eval_num_samples` is 0).
 pub fn eval_items(cfg: &Config) -> Result<Option<Vec<TaskItem>>> {
     if cfg.eval_num_samples == 0 {
         return Ok(None);
     }
-    let eval_file =
-        cfg.task.eval_file.as_ref().context("task.eval_file is not set: evaluation needs held-out items")?;
-    let mut items = load_items(eval_file)?;
-    items.truncate(cfg.eval_num_samples as usize);
-    crate::task::check_prompts(&cfg.role_templates(), items.iter().enumerate(), "eval")?;
-    Ok(Some(items))
+    Ok(Some(held_out_file_items(cfg, cfg.task.eval_file.as_ref(), "task.eval_file", "eval")?))
 }
 
 /// The items of the periodic evaluation during training: the eval file's (as `pbrl eval`), the
@@ -35,22 +45,17 @@ pub fn periodic_eval_items(cfg: &Config) -> Result<Option<Vec<TaskItem>>> {
     if cfg.eval_num_samples == 0 {
         return Ok(None);
     }
-    let mut items = match cfg.eval_split {
-        EvalSplit::EvalFile => return eval_items(cfg),
+    Ok(Some(match cfg.eval_split {
+        EvalSplit::EvalFile => held_out_file_items(cfg, cfg.task.eval_file.as_ref(), "task.eval_file", "eval")?,
         EvalSplit::ValidationFile => {
-            let file = cfg
-                .task
-                .validation_file
-                .as_ref()
-                .context("eval_split = \"validation_file\" needs task.validation_file")?;
-            let items = load_items(file)?;
-            crate::task::check_prompts(&cfg.role_templates(), items.iter().enumerate(), "validation")?;
+            held_out_file_items(cfg, cfg.task.validation_file.as_ref(), "task.validation_file", "validation")?
+        }
+        EvalSplit::TrainShare(_) => {
+            let mut items = held_out_items(cfg)?;
+            items.truncate(cfg.eval_num_samples as usize);
             items
         }
-        EvalSplit::TrainShare(_) => held_out_items(cfg)?,
-    };
-    items.truncate(cfg.eval_num_samples as usize);
-    Ok(Some(items))
+    }))
 }
 
 pub struct Evaluation {
