@@ -33,6 +33,7 @@ pub mod purpose {
     pub const REWARD_FRESH: u64 = 15;
     pub const LORA_INIT: u64 = 16;
     pub const REWARD_LORA_INIT: u64 = 17;
+    pub const ROUND_ITEMS: u64 = 18;
 }
 
 #[cfg(test)]

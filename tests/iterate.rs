@@ -390,6 +390,28 @@ fn current_copy_and_replay_across_rounds() {
     assert_eq!(trained, vec![0.0, 5.0, 5.0], "round 0 (base eval), then 5 pairs drawn from the last 2 rounds");
 }
 
+/// `items_per_round = 2` of 4 train items: rounds 1 and 2 compare on disjoint halves, round 3
+/// wraps around to round 1's half; without the key every round compares on every item.
+#[test]
+fn items_per_round_splits_the_train_items_over_the_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_iterations = 3");
+    ok(pbrl(&["iterate", "--config", "c.toml", "--run-dir", "split", "items_per_round=2"], d));
+    ok(pbrl(&["iterate", "--config", "c.toml", "--run-dir", "all", "num_iterations=1"], d));
+    let prompts = |run: &str, r: u32| -> std::collections::BTreeSet<String> {
+        let f = RoundFile::load(&d.join(format!("{run}/preference_replay/iteration_{r:04}.json"))).unwrap();
+        f.pairs.iter().map(|p| p.prompts[0].clone()).collect()
+    };
+    let (r1, r2, r3) = (prompts("split", 1), prompts("split", 2), prompts("split", 3));
+    assert!((1..=2).contains(&r1.len()) && (1..=2).contains(&r2.len()), "{r1:?} {r2:?}");
+    assert!(r1.is_disjoint(&r2), "rounds 1 and 2 share items: {r1:?} {r2:?}");
+    assert!(r3.is_disjoint(&r2) && !r3.is_empty(), "round 3 takes round 1's half again: {r3:?} {r2:?}");
+    assert_eq!(prompts("all", 1).len(), 4, "every item without the key");
+    let e = pbrl(&["iterate", "--config", "c.toml", "--run-dir", "split", "--resume", "items_per_round=3"], d);
+    assert!(String::from_utf8_lossy(&e.stderr).contains("items_per_round"), "a resume under another split is refused");
+}
+
 /// An item whose prompt is empty is refused before the run directory records anything (no base
 /// evaluation, no fingerprint), naming the item and the agent; fixed, the same command runs.
 #[test]

@@ -96,6 +96,7 @@ impl Default for Config {
             comparator_policy: "current".into(),
             comparator_num_candidates: None,
             comparator_history_k: None,
+            items_per_round: None,
             comparator_model_name: None,
             comparator_agents: None,
             comparator_devices: None,

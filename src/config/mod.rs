@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Deserializer, Serialize};
 
 mod defaults;
+mod iterative_rules;
 mod modes;
 mod overrides;
 pub mod reference;
@@ -318,6 +319,11 @@ pub struct Config {
     /// `history`: compare with the team this many rounds back (the base models before there is one).
     #[serde(deserialize_with = "opt")]
     pub comparator_history_k: Option<i64>,
+    /// `iterate`: the train items each round compares on (pbrl's; default all, the reference's):
+    /// the next this many of one seeded shuffle of the train items, wrapping around, so the
+    /// rounds take disjoint items until every item has had a turn.
+    #[serde(deserialize_with = "opt")]
+    pub items_per_round: Option<i64>,
     /// `model`: one model source for every comparator role.
     #[serde(deserialize_with = "opt")]
     pub comparator_model_name: Option<String>,

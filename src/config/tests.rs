@@ -155,6 +155,7 @@ fn each_rule_reports_its_message() {
         ),
         ("checkpoint_interval = -1", "checkpoint_interval must be >= 0"),
         ("checkpoint_total_limit = 0", "checkpoint_total_limit must be null or >= 1."),
+        ("items_per_round = 0", "items_per_round must be null or >= 1."),
         ("reward_range = [1.0, 0.0]", "reward_range must be [min, max] with min < max and max - min finite."),
         (
             "comparator_api_key_env = \"MY_KEY\"\n[reward]\nkind = \"command\"\ncommand = [\"x\"]\nenv = [\"LC_ALL\", \"MY_KEY\"]",

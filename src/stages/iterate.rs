@@ -1,10 +1,11 @@
 //! `pbrl iterate`: iterative MADPO or MARLHF (reference §8): `num_iterations` rounds, each
-//! comparing the current team with a comparator on every train item, then training on the replay
-//! selection.
+//! comparing the current team with a comparator on the train items (every one, the reference's,
+//! or `items_per_round` of them), then training on the replay selection.
 //!
 //! Before round 1: the base team evaluated (round 0 of the plot). Round ν:
-//! 1. the round (`rounds::build_round`): the current team samples `preference_num_candidates`
-//!    joint responses per item, the comparator (`sources::comparator`)
+//! 1. the round (`rounds::build_round`) on the train items (all, or with `items_per_round` the
+//!    round's share, `task::split::round_items`): the current team samples
+//!    `preference_num_candidates` joint responses per item, the comparator (`sources::comparator`)
 //!    `comparator_num_candidates` (default the same): `current` (the same agents
 //!    under their own seeded stream), `current_copy` (the agents as they are, copied onto
 //!    `comparator_devices`), `model` (`comparator_agents` / `comparator_model_name`), `history`
@@ -54,7 +55,7 @@ use crate::run::fingerprint::Fingerprint;
 use crate::run::team::{copy_team, saved_team};
 use crate::run::{atomic_write, RunDir};
 use crate::sources::{comparator, Agents, TeamSource};
-use crate::task::split::train_items;
+use crate::task::split::{items_of_round, train_items};
 use crate::task::TaskItem;
 use crate::team::{check_fits, load_team, Members};
 
@@ -179,7 +180,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
             RoundFile::load(&path)?;
             round_stats_from_file(&path)?
         } else {
-            compare_round(cfg, run_dir, round, &items)?
+            compare_round(cfg, run_dir, round, &items_of_round(cfg, &items, round))?
         };
         let collect_s = t.elapsed().as_secs_f64();
         let t = std::time::Instant::now();

@@ -75,6 +75,32 @@ pub fn held_out_items(cfg: &Config) -> Result<Vec<TaskItem>> {
     Ok(items.into_iter().enumerate().filter(|(i, _)| held[*i]).map(|(_, it)| it).collect())
 }
 
+/// `iterate` with `items_per_round = k`: the positions (into `n` train items) that round
+/// `round` (from 1) compares on, in ascending order: the k after the previous round's in one
+/// shuffle of the items by the stream `stream_seed`, wrapping around. So the rounds take
+/// disjoint items until every item has had a turn, as iterative DPO recipes split their prompts
+/// over the rounds, and a run resumed with more rounds keeps the earlier rounds' items.
+pub fn round_items(n: usize, k: usize, round: u32, stream_seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    order.shuffle(&mut ChaCha8Rng::seed_from_u64(stream_seed));
+    let start = (round.max(1) as usize - 1) * k;
+    let mut chosen: Vec<usize> = (start..start + k.min(n)).map(|p| order[p % n]).collect();
+    chosen.sort_unstable();
+    chosen
+}
+
+/// The train items (from [`train_items`]) round `round` of `iterate` compares on: all of them,
+/// or `items_per_round` of them ([`round_items`], seeded by the run's seed).
+pub fn items_of_round(cfg: &Config, items: &[(usize, TaskItem)], round: u32) -> Vec<(usize, TaskItem)> {
+    match cfg.items_per_round {
+        None => items.to_vec(),
+        Some(k) => round_items(items.len(), k as usize, round, derive_seed(cfg.seed, &[purpose::ROUND_ITEMS]))
+            .into_iter()
+            .map(|p| items[p].clone())
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,6 +114,22 @@ mod tests {
         assert_eq!(held_out(3, 0.01, 1).unwrap().iter().filter(|&&x| x).count(), 1, "at least one");
         assert_eq!(held_out(3, 0.99, 1).unwrap().iter().filter(|&&x| x).count(), 2, "at least one left");
         assert!(held_out(1, 0.5, 1).is_err());
+    }
+
+    #[test]
+    fn rounds_take_disjoint_items_until_each_had_a_turn() {
+        let rounds: Vec<Vec<usize>> = (1..=4).map(|r| round_items(10, 3, r, 5)).collect();
+        let first_three: Vec<usize> = rounds[..3].concat();
+        let distinct: std::collections::HashSet<_> = first_three.iter().collect();
+        assert_eq!((first_three.len(), distinct.len()), (9, 9), "rounds 1-3 disjoint: {rounds:?}");
+        // round 4 takes the one item left, then wraps around to round 1's first items
+        let left: Vec<usize> = (0..10).filter(|i| !distinct.contains(i)).collect();
+        assert_eq!(rounds[3].len(), 3);
+        assert!(rounds[3].contains(&left[0]), "{rounds:?}");
+        assert_eq!(rounds[3].iter().filter(|i| rounds[0].contains(i)).count(), 2, "{rounds:?}");
+        assert_eq!(round_items(10, 3, 2, 5), rounds[1], "seeded");
+        assert_ne!((1..=3).map(|r| round_items(10, 3, r, 6)).collect::<Vec<_>>(), rounds[..3], "another stream");
+        assert_eq!(round_items(4, 9, 1, 5), vec![0, 1, 2, 3], "more than there are: every item once");
     }
 
     #[test]
