@@ -408,6 +408,11 @@ fn items_per_round_splits_the_train_items_over_the_rounds() {
     assert!(r1.is_disjoint(&r2), "rounds 1 and 2 share items: {r1:?} {r2:?}");
     assert!(r3.is_disjoint(&r2) && !r3.is_empty(), "round 3 takes round 1's half again: {r3:?} {r2:?}");
     assert_eq!(prompts("all", 1).len(), 4, "every item without the key");
+    let items = |run: &str, r: u32| -> u64 {
+        let f = d.join(format!("{run}/iterate/round_{r:04}.json"));
+        serde_json::from_slice::<serde_json::Value>(&std::fs::read(f).unwrap()).unwrap()["items"].as_u64().unwrap()
+    };
+    assert_eq!(((1..=3).map(|r| items("split", r)).collect::<Vec<_>>(), items("all", 1)), (vec![2, 2, 2], 4));
     let e = pbrl(&["iterate", "--config", "c.toml", "--run-dir", "split", "--resume", "items_per_round=3"], d);
     assert!(String::from_utf8_lossy(&e.stderr).contains("items_per_round"), "a resume under another split is refused");
 }

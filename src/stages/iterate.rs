@@ -67,6 +67,9 @@ pub struct IterateOptions {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RoundSummary {
     pub round: u32,
+    /// Train items the round compared on (all of them, or `items_per_round`).
+    #[serde(default)]
+    pub items: usize,
     pub pairs: usize,
     pub current_wins: usize,
     pub comparator_wins: usize,
@@ -146,6 +149,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
         let eval = evaluate_round(cfg, run_dir)?;
         let summary = RoundSummary {
             round: 0,
+            items: 0,
             pairs: 0,
             current_wins: 0,
             comparator_wins: 0,
@@ -176,11 +180,12 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
         }
         let t = std::time::Instant::now();
         let path = round_path(run_dir.replay(), round);
+        let round_items = items_of_round(cfg, &items, round);
         let stats = if path.exists() {
             RoundFile::load(&path)?;
             round_stats_from_file(&path)?
         } else {
-            compare_round(cfg, run_dir, round, &items_of_round(cfg, &items, round))?
+            compare_round(cfg, run_dir, round, &round_items)?
         };
         let collect_s = t.elapsed().as_secs_f64();
         let t = std::time::Instant::now();
@@ -190,6 +195,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
         let eval = evaluate_round(cfg, run_dir)?;
         let summary = RoundSummary {
             round,
+            items: round_items.len(),
             pairs: stats.pairs,
             current_wins: stats.current_wins,
             comparator_wins: stats.comparator_wins,
@@ -208,7 +214,8 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
         };
         let summary = finish_round(run_dir, summary)?;
         println!(
-            "round {round}: {} pairs (current won {}, comparator {}), trained on {}; eval reward {}",
+            "round {round}: {} items, {} pairs (current won {}, comparator {}), trained on {}; eval reward {}",
+            round_items.len(),
             stats.pairs,
             stats.current_wins,
             stats.comparator_wins,
