@@ -31,6 +31,8 @@ def main():
             ev = r.get("eval_reward_mean")
             ev = f"{ev:.3f} ± {r['eval_reward_stderr']:.3f}" if ev is not None else "—"
             won = f"{r['pairs']} ({r['current_wins']} / {r['comparator_wins']})" if k else "—"
+            if k and r.get("items"):  # summaries written since session 28 say how many items
+                won = f"{r['items']} items: {won}"
             print(f"| {r['round']} | {won} | {ev} | {gain} | {r['collect_s']:.0f} | {r['train_s']:.0f} "
                   f"| {r['eval_s']:.0f} |")
         print()
