@@ -83,8 +83,9 @@ pub fn held_out_items(cfg: &Config) -> Result<Vec<TaskItem>> {
 pub fn round_items(n: usize, k: usize, round: u32, stream_seed: u64) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
     order.shuffle(&mut ChaCha8Rng::seed_from_u64(stream_seed));
+    let k = k.min(n); // (more than there are: every item, and no product that overflows)
     let start = (round.max(1) as usize - 1) * k;
-    let mut chosen: Vec<usize> = (start..start + k.min(n)).map(|p| order[p % n]).collect();
+    let mut chosen: Vec<usize> = (start..start + k).map(|p| order[p % n]).collect();
     chosen.sort_unstable();
     chosen
 }
@@ -130,6 +131,7 @@ mod tests {
         assert_eq!(round_items(10, 3, 2, 5), rounds[1], "seeded");
         assert_ne!((1..=3).map(|r| round_items(10, 3, r, 6)).collect::<Vec<_>>(), rounds[..3], "another stream");
         assert_eq!(round_items(4, 9, 1, 5), vec![0, 1, 2, 3], "more than there are: every item once");
+        assert_eq!(round_items(4, usize::MAX, 100_000, 5), vec![0, 1, 2, 3]);
     }
 
     #[test]
