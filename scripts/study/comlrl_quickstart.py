@@ -8,7 +8,8 @@ to f32), prompts, chat template, sampling (temperature, top_p, top_k), per-agent
 and the length-ratio reward; the same collection budget (8 candidates, 2 pairs per item) and
 training budget (1 epoch, 2 pairs per update, lr 5e-6). CoMLRL's own algorithm otherwise:
 reference-free MADPO at its default beta 0.1, a constant learning rate, no held-out keep-best,
-all 54 train items (pbrl holds 8 of them out for keep-best).
+all 54 train items (pbrl holds 8 of them out for keep-best). `--scorer` chooses which completion
+tokens its MADPO scorer sums (see its help; the default is the reference's own on SmolLM2).
 
 Usage: python scripts/study/comlrl_quickstart.py --out DIR [--seed S] [--threads T] [--items N]
 Writes DIR/agents/{agent_0,agent_1,team.json} and DIR/comlrl.json (times, pairs, peak RSS)."""
@@ -47,6 +48,12 @@ def main():
     ap.add_argument("--threads", type=int, default=int(os.environ.get("THREADS", "1")))
     ap.add_argument("--items", type=int, default=None, help="the first N train items (default: all)")
     ap.add_argument("--untrained", action="store_true", help="save the base agents (a check of the protocol)")
+    ap.add_argument("--scorer", choices=["reference", "harness"], default="reference",
+                    help="reference (default): completions also trimmed at SmolLM2's end-of-turn <|im_end|>, so "
+                         "the scorer leaves out the end-of-turn and the last content token, as CoMLRL does with "
+                         "SmolLM2's own pad token and pbrl with score_last_token = false; harness: trimmed at the "
+                         "harness's pad <|endoftext|> only, so the last content token is scored (the runs of "
+                         "sessions 22-27; pbrl's nearest is score_last_token = true)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -71,6 +78,16 @@ def main():
     trainer = MADPOTrainer(agents=agents, num_agents=2, tokenizer=tok, train_dataset=Dataset.from_list(items),
                            reward_func=lambda c1, c2: [length_ratio(c1[0], c2[0])],
                            formatters=[formatter(0), formatter(1)], args=args)
+    if a.scorer == "reference":
+        # The harness's pad is <|endoftext|> (bench_comlrl.quickstart_team: CoMLRL cuts prompts at
+        # the first pad, and a chat prompt holds <|im_end|>), so CoMLRL's scorer would cut a
+        # completion only after its end-of-turn; cut it at the end-of-turn too.
+        end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
+        trim = MADPOTrainer._trim_completion_tokens
+        MADPOTrainer._trim_completion_tokens = staticmethod(lambda ids, pad: trim(trim(ids, pad), end_of_turn))
+        pad = tok.pad_token_id
+        check = MADPOTrainer._trim_completion_tokens(torch.tensor([5, 6, end_of_turn, pad, pad]), pad).tolist()
+        assert check == [5, 6] and pad != end_of_turn, (check, pad, end_of_turn)
     generate = trainer._generate_completions_with_external_prompts
 
     def per_agent_limit(agent, batch, agent_idx=0, **kw):
@@ -80,7 +97,8 @@ def main():
     trainer._generate_completions_with_external_prompts = per_agent_limit
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"seed": a.seed, "threads": a.threads, "items": len(items), "dpo_beta": args.dpo_beta}
+    report = {"seed": a.seed, "threads": a.threads, "items": len(items), "dpo_beta": args.dpo_beta,
+              "scorer": a.scorer}
     if not a.untrained:
         t = time.perf_counter()
         pairs = trainer._build_preference_dataset()

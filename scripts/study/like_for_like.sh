@@ -8,7 +8,10 @@
 # `pbrlref`, is pbrl running the reference's own MADPO (reference-free, beta 0.1, a constant
 # rate, no keep-best, all train items): the same algorithm as CoMLRL's, in pbrl. A fourth,
 # `pbrlval`, is `pbrlref` with keep-best on a validation file (data/length_ratio/validation.jsonl,
-# 16 prompts that are neither trained on nor evaluated by `pbrl eval`), every 12 updates.
+# 16 prompts that are neither trained on nor evaluated by `pbrl eval`), every 12 updates. The
+# side `comlrl` runs CoMLRL with the reference's scorer on SmolLM2 (completions cut at the
+# end-of-turn, pbrl's score_last_token = false), `comlrlharness` with the one sessions 22-27 ran
+# (the last content token scored; `comlrl_quickstart.py --scorer`).
 #   DIR=study dir (default runs/like-for-like)  SEEDS="1 2 3"  THREADS=1  SIDES="pbrl comlrl"
 #   VENV=.venv-bench (torch, transformers, gguf, datasets, comlrl 1.4.3; scripts/bench.sh makes it)
 # A step whose output exists is skipped, so a cut study resumes where it stopped.
@@ -29,7 +32,7 @@ for s in $SEEDS; do
     run=$DIR/$side-s$s
     if [ ! -f "$run/agents/team.json" ]; then
       rm -rf "$run"
-      if [ "$side" != comlrl ]; then
+      if [ "${side#comlrl}" = "$side" ]; then
         reference=(madpo_reference=false dpo_beta=0.1 lr_scheduler_type=\"constant\")
         case $side in
           pbrl) extra=() ;;
@@ -43,7 +46,9 @@ for s in $SEEDS; do
         t=$(timed "$DIR/logs/$side-s$s.train.log" "$PBRL" train-madpo "${cfg[@]}" --run-dir "$run" "${extra[@]}")
         echo "$side-s$s train $t" >> "$DIR/times"
       else
-        t=$(timed "$DIR/logs/$side-s$s.log" "$VENV/bin/python" scripts/study/comlrl_quickstart.py --out "$run" --seed "$s" --threads "$T")
+        scorer=reference; [ "$side" = comlrlharness ] && scorer=harness
+        t=$(timed "$DIR/logs/$side-s$s.log" "$VENV/bin/python" scripts/study/comlrl_quickstart.py --out "$run" --seed "$s" \
+          --threads "$T" --scorer $scorer)
         echo "$side-s$s collect+train $t" >> "$DIR/times"
       fi
     fi
