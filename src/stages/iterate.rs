@@ -422,7 +422,7 @@ fn round_stats_from_file(path: &Path) -> Result<RoundStats> {
     })
 }
 
-/// Round `round`'s comparisons over every train item, written as its round file.
+/// Round `round`'s comparisons over its train items (`items_of_round`), written as its round file.
 fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, TaskItem)]) -> Result<RoundStats> {
     let team = load_team(cfg, run_dir)?;
     let n_cur = cfg.preference_num_candidates as usize;
