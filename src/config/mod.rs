@@ -7,7 +7,8 @@
 //! `mod.rs` is the file format (one flat serde struct, so unknown keys keep failing), with its
 //! `[task]` and `[reward]` tables in `tables.rs` and its defaults in `defaults.rs`;
 //! `modes.rs` the modes keys select, as types; `values.rs` the values a key may take in more than one form; `views.rs` the typed views
-//! stages take; `rules.rs` the reference-order validation; `overrides.rs` the command line's
+//! stages take; `rules.rs` the reference-order validation (`iterative_rules.rs` the iterate
+//! keys'); `overrides.rs` the command line's
 //! `KEY=VALUE` and the one-line error messages.
 use std::path::{Path, PathBuf};
 
