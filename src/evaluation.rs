@@ -46,7 +46,7 @@ pub fn periodic_eval_items(cfg: &Config) -> Result<Option<Vec<TaskItem>>> {
         return Ok(None);
     }
     Ok(Some(match cfg.eval_split {
-        EvalSplit::EvalFile => held_out_file_items(cfg, cfg.task.eval_file.as_ref(), "task.eval_file", "eval")?,
+        EvalSplit::EvalFile => return eval_items(cfg),
         EvalSplit::ValidationFile => {
             held_out_file_items(cfg, cfg.task.validation_file.as_ref(), "task.validation_file", "validation")?
         }
