@@ -108,7 +108,7 @@ fn bench_train(m: LoadedModel, lora: Option<(usize, FrozenStorage)>, steps: usiz
         let loss_value: f32 = loss.to_scalar()?;
         let t_f = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let grads = loss.backward()?;
+        let grads = pbrl::model::weight_grads::backward(&loss)?;
         dev.synchronize()?; // GPU kernels run asynchronously: time them to their end
         let t_b = t.elapsed().as_secs_f64();
         let t = Instant::now();

@@ -12,6 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use pbrl::algo::actor_critic::buffer_advantages;
 use pbrl::model::heads::ValueHead;
 use pbrl::model::scoring::ScoreRow;
+use pbrl::model::weight_grads::backward;
 use pbrl::model::LoadedModel;
 use pbrl::train::marlhf::actor_critic::{chunk_losses, values_without_grad, Sample, VALUE_HEAD};
 use serde_json::Value;
@@ -87,12 +88,12 @@ fn iac_and_maac_updates_match_comlrl() {
         if separate {
             close(scalar(&actor_loss), "actor_loss");
             close(scalar(&value_loss), "value_loss");
-            checks.push((&actor, "actor", actor_loss.backward().unwrap()));
-            checks.push((critic, "critic", value_loss.backward().unwrap()));
+            checks.push((&actor, "actor", backward(&actor_loss).unwrap()));
+            checks.push((critic, "critic", backward(&value_loss).unwrap()));
         } else {
             let total = (actor_loss + value_loss).unwrap();
             close(scalar(&total), "total_loss");
-            checks.push((&actor, "actor", total.backward().unwrap()));
+            checks.push((&actor, "actor", backward(&total).unwrap()));
         }
         for (m, part, grads) in checks {
             // PyTorch names the backbone's weights under the wrapper's `model.`.

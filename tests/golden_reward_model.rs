@@ -8,6 +8,7 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use pbrl::algo::bradley_terry::bradley_terry_loss;
+use pbrl::model::weight_grads::backward;
 use pbrl::model::{LoadedModel, Mode};
 use pbrl::reward_model::{JointRewardModel, JointRow};
 use pbrl::train::optim::{AdamW, AdamWConfig};
@@ -93,7 +94,7 @@ fn bradley_terry_scores_losses_and_gradients_match_comlrl() {
             let got = loss.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap();
             let want = case["loss"].as_f64().unwrap();
             assert!((got - want).abs() < 1e-5, "{label}: loss {got} vs CoMLRL {want}");
-            let grads = loss.backward().unwrap();
+            let grads = backward(&loss).unwrap();
             let (mut checked, mut worst) = (0, 0f64);
             for (param, var) in rm.trainable(false) {
                 let key = format!("{name}/{param}");
@@ -147,7 +148,7 @@ fn a_frozen_backbone_trains_the_head_only_with_the_same_head_gradients() {
     let values: Vec<f64> = w.to_dtype(DType::F64).unwrap().to_vec1().unwrap();
     close(&values, &case["winner_scores"], 1e-5, "frozen winner scores");
     let loss = bradley_terry_loss(&w, &l).unwrap();
-    let grads = loss.backward().unwrap();
+    let grads = backward(&loss).unwrap();
     let (dir, _) = golden();
     let want_grads = candle_core::safetensors::load(dir.join("grads.safetensors"), &Device::Cpu).unwrap();
     for (param, var) in rm.trainable(false) {

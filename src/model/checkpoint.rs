@@ -10,23 +10,18 @@
 //! (`params`) and carry g ← ∂/∂h_l on. The recomputation runs the same ops on the same input, so
 //! it gives the forward's values bit for bit, and the gradients are those of the plain graph.
 //!
-//! A custom op returns a gradient for its own inputs only, so the weights' gradients are left
-//! on this thread ([`take_weight_grads`]); `train::session::Step::apply` adds them to the
-//! backward pass's gradients before the optimizer reads them.
-use std::cell::RefCell;
+//! A custom op returns a gradient for its own inputs only, so the weights' gradients go to the
+//! training pass's store (`super::weight_grads`), which adds them to the backward pass's
+//! gradients before the optimizer reads them: the stack's backward runs inside
+//! `weight_grads::backward` only.
 use std::sync::Arc;
 
-use candle_core::backprop::GradStore;
-use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor, TensorId, Var};
+use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor, Var};
+
+use super::weight_grads;
 
 /// Layer `l` of a stack applied to its input.
 pub type LayerFn = Arc<dyn Fn(usize, &Tensor) -> Result<Tensor> + Send + Sync>;
-
-thread_local! {
-    /// Gradients of trained weights computed inside checkpointed backward passes, not yet
-    /// handed to the optimizer.
-    static WEIGHT_GRADS: RefCell<Vec<(TensorId, Tensor)>> = const { RefCell::new(Vec::new()) };
-}
 
 /// The stack of `layers` layers `f` applied to `x`, differentiable in `x` and in the weights
 /// `params` (the trained variables `f` reads) by recomputation.
@@ -41,18 +36,6 @@ pub fn checkpointed(x: &Tensor, layers: usize, f: LayerFn, params: Arc<Vec<Tenso
     // weights' gradients, so it then reads a leaf copy of x (whose gradient nobody reads).
     let x = if x.track_op() { x.clone() } else { Var::from_tensor(x)?.into_inner() };
     x.apply_op2(&h.contiguous()?, Checkpoint { f, inputs, params })
-}
-
-/// Add the weights' gradients left by checkpointed backward passes on this thread to `grads`.
-pub fn take_weight_grads(grads: &mut GradStore) -> Result<()> {
-    for (id, g) in WEIGHT_GRADS.with(|w| std::mem::take(&mut *w.borrow_mut())) {
-        let sum = match grads.get_id(id) {
-            Some(before) => (before + g)?,
-            None => g,
-        };
-        grads.insert_id(id, sum);
-    }
-    Ok(())
 }
 
 struct Checkpoint {
@@ -90,15 +73,23 @@ impl CustomOp2 for Checkpoint {
     }
 
     fn bwd(&self, _x: &Tensor, _h: &Tensor, _y: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        if !weight_grads::active() {
+            candle_core::bail!("checkpointed layers: the backward pass must run in model::weight_grads::backward");
+        }
         let mut g = g.clone();
         for (l, input) in self.inputs.iter().enumerate().rev() {
             let leaf = Var::from_tensor(input)?;
             let y = (self.f)(l, leaf.as_tensor())?;
+            // The layer's own backward; its linear weights' gradients go to the pass's store as
+            // they are made, the others (norms) are handed to it here.
             let grads = (y * &g)?.sum_all()?.backward()?;
-            WEIGHT_GRADS.with(|w| {
-                let mut w = w.borrow_mut();
-                w.extend(self.params.iter().filter_map(|p| grads.get(p).map(|d| (p.id(), d.clone()))));
-            });
+            for p in self.params.iter() {
+                if let Some(d) = grads.get(p) {
+                    if weight_grads::keep(p, d.clone())?.is_some() {
+                        candle_core::bail!("checkpointed layers: their trained weights must be variables");
+                    }
+                }
+            }
             g = match grads.get(leaf.as_tensor()) {
                 Some(d) => d.clone(),
                 None => g.zeros_like()?,

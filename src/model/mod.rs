@@ -19,6 +19,7 @@ pub mod scoring;
 pub mod tiny;
 pub mod tokenizer;
 pub mod transformer;
+pub mod weight_grads;
 
 pub use chat_template::ChatTemplate;
 pub use config::{Architecture, ModelConfig};

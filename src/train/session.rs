@@ -74,8 +74,7 @@ impl Step<'_> {
             return Ok(None);
         }
         let backward = std::time::Instant::now();
-        let mut grads = loss.backward().with_context(|| format!("agent {i}: backward pass"))?;
-        crate::model::checkpoint::take_weight_grads(&mut grads)?;
+        let grads = crate::model::weight_grads::backward(&loss).with_context(|| format!("agent {i}: backward pass"))?;
         drop(loss);
         keep_alive(); // free the activations before the optimizer touches its moments
         self.times.backward_s += backward.elapsed().as_secs_f64();

@@ -139,8 +139,12 @@ impl CustomOp2 for Linear {
     fn bwd(&self, x: &Tensor, w: &Tensor, _y: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
         // dX = G W: (m, n)(n, k).
         let dx = x.track_op().then(|| g.apply_op2_no_bwd(w, &MatMul)).transpose()?;
-        // dW = Gᵀ X: (n, m)(m, k), already in W's layout.
-        let dw = w.track_op().then(|| g.t()?.apply_op2_no_bwd(x, &MatMul)).transpose()?;
+        // dW = Gᵀ X: (n, m)(m, k), already in W's layout; in a training step it goes to
+        // `weight_grads` as it is, not through candle's `zeros + dW`.
+        let dw = match w.track_op() {
+            true => super::weight_grads::keep(w, g.t()?.apply_op2_no_bwd(x, &MatMul)?)?,
+            false => None,
+        };
         Ok((dx, dw))
     }
 }
