@@ -48,3 +48,18 @@ fn checkpointed_layers_give_the_plain_gradients() {
         }
     }
 }
+
+/// The stack hands its weights' gradients to the training pass's store, so a plain
+/// `Tensor::backward` through it (which has none) is an error, not gradients silently missing.
+#[test]
+fn a_plain_backward_through_checkpointed_layers_is_refused() {
+    common::init();
+    let model = tiny_model(Architecture::Llama, true, 7, DType::F32).unwrap();
+    let vars: Vec<Tensor> = model.varmap.data().lock().unwrap().values().map(|v| v.as_tensor().clone()).collect();
+    let mut checkpointed = model.model.clone();
+    checkpointed.backbone.checkpoint = Some(Arc::new(vars));
+    let batch = PaddedBatch::new(&[vec![3, 9, 14]], 0, Padding::Right, &Device::Cpu).unwrap();
+    let y = checkpointed.forward(&batch.ids, &batch.positions, &batch.bias, None, Mode::Train).unwrap();
+    let err = y.sum_all().unwrap().backward().unwrap_err().to_string();
+    assert!(err.contains("weight_grads::backward"), "{err}");
+}
