@@ -3,7 +3,9 @@
 //!
 //! Per batch of `batch_items` items:
 //! 1. the team answers each item `candidates` times (streams `[COLLECT, round, item, actor, k]`),
-//!    the comparator `comparator_candidates` times (`[COMPARATOR, round, item, actor, k]`);
+//!    the comparator `comparator_candidates` times (`[COMPARATOR, round, item, actor, k]`); when
+//!    the comparator is the team itself, both sides' rows go through one sampling call (a row's
+//!    tokens depend on its stream and its logits only);
 //! 2. the scorer scores every joint response: the task reward on the roles' outputs, then
 //!    `reward_processor` (or a fitted reward model, raw and processed alike); a non-finite score,
 //!    or scores whose mean or spread overflow, stop the round before anything is written;
@@ -23,7 +25,8 @@ use crate::prefs::PreferencePair;
 use crate::reward_model::JointRewardModel;
 use crate::rng::{derive_seed, purpose};
 use crate::run::{atomic_write, RunDir};
-use crate::sources::ResponseSource;
+use crate::sources::comparator::Comparator;
+use crate::sources::{JointResponses, ResponseSource};
 use crate::task::TaskItem;
 
 /// What scores a joint response in a round.
@@ -102,7 +105,7 @@ pub fn build_round(
     spec: &RoundSpec,
     items: &[(usize, TaskItem)],
     team: &dyn ResponseSource,
-    comparator: Option<&dyn ResponseSource>,
+    comparator: Option<&Comparator>,
     scorer: &mut Scorer,
     bar: &ProgressBar,
 ) -> Result<Round> {
@@ -123,16 +126,26 @@ pub fn build_round(
             let rate = tokens as f64 / started.elapsed().as_secs_f64();
             bar.set_message(format!("{pairs_so_far} pairs, {rate:.1} tok/s"));
         };
-        let current = team.sample(&batch_items, spec.candidates, &seed(purpose::COLLECT), &mut on_tokens)?;
-        let other = match comparator {
-            Some(c) => {
-                let r =
-                    c.sample(&batch_items, spec.comparator_candidates, &seed(purpose::COMPARATOR), &mut on_tokens)?;
+        let (n, collect, compare) = (spec.candidates, seed(purpose::COLLECT), seed(purpose::COMPARATOR));
+        let (current, other): (JointResponses, Option<Vec<Vec<Vec<String>>>>) = match comparator {
+            None => (team.sample(&batch_items, n, &collect, &mut on_tokens)?, None),
+            Some(Comparator::Team) => {
+                // Responses 0..n are the team's, n.. the comparator's, each under its own stream.
+                let both = |j: usize, a: usize, k: usize| if k < n { collect(j, a, k) } else { compare(j, a, k - n) };
+                let mut all = team.sample(&batch_items, n + spec.comparator_candidates, &both, &mut on_tokens)?;
+                let other = all.texts.iter_mut().map(|texts| texts.split_off(n)).collect();
+                if let Some(rollout) = all.rollout.as_mut() {
+                    rollout.responses.iter_mut().for_each(|r| r.truncate(n));
+                }
+                (all, Some(other))
+            }
+            Some(Comparator::Source(c)) => {
+                let current = team.sample(&batch_items, n, &collect, &mut on_tokens)?;
+                let r = c.sample(&batch_items, spec.comparator_candidates, &compare, &mut on_tokens)?;
                 out.unparsed += r.unparsed;
                 out.truncated += r.truncated;
-                Some(r.texts)
+                (current, Some(r.texts))
             }
-            None => None,
         };
         out.tokens = tokens;
         let rollout = current.rollout.as_ref().expect("the team's source samples its actors");

@@ -374,7 +374,9 @@ fn killed_at_random_moments_and_resumed_it_ends_as_an_uninterrupted_run() {
 }
 
 /// `current_copy` on the agents' own devices is `current` (the reference's rule), and the
-/// replay selection draws across rounds (`nearest_k`, a fixed sample size).
+/// replay selection draws across rounds (`nearest_k`, a fixed sample size). The team as its
+/// own comparator samples both sides in one call: its first round is the one a `model`
+/// comparator of the same weights (sampled in calls of its own) gives.
 #[test]
 fn current_copy_and_replay_across_rounds() {
     let dir = tempfile::tempdir().unwrap();
@@ -386,6 +388,11 @@ fn current_copy_and_replay_across_rounds() {
         let p = format!("preference_replay/iteration_{r:04}.json");
         assert!(bytes(d, &format!("cur/{p}")) == bytes(d, &format!("copy/{p}")), "round {r}");
     }
+    let model = format!("comparator_model_name=\"{}\"", d.join("tiny").display());
+    let argv = ["iterate", "--config", "c.toml", "--run-dir", "model", "num_iterations=1", "comparator_policy=model"];
+    ok(pbrl(&[&argv[..], &[model.as_str()]].concat(), d));
+    let p = "preference_replay/iteration_0001.json";
+    assert!(bytes(d, &format!("cur/{p}")) == bytes(d, &format!("model/{p}")), "round 1, current against model");
     let trained = common::metric_values(&d.join("cur"), "iter/train_preference_pairs");
     assert_eq!(trained, vec![0.0, 5.0, 5.0], "round 0 (base eval), then 5 pairs drawn from the last 2 rounds");
 }

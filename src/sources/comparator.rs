@@ -18,13 +18,19 @@ use crate::run::team::{saved_team, MANIFEST};
 use crate::run::RunDir;
 use crate::team::{frozen_storage, load_as, Agent};
 
+/// Who answers a round's comparator side.
+pub enum Comparator<'a> {
+    /// The team itself (`current`, or `current_copy` on the agents' own devices), each role
+    /// written by its own actor: its candidates are sampled in the team's own sampling call,
+    /// under the comparator's stream, so each prompt is prefilled once and the decoding steps
+    /// carry both sides' rows.
+    Team,
+    /// Any other source.
+    Source(Box<dyn ResponseSource + 'a>),
+}
+
 /// The comparator of round `round` of a team.
-pub fn build<'a>(
-    cfg: &Config,
-    run_dir: &RunDir,
-    round: u32,
-    team: &'a [Agent],
-) -> Result<Box<dyn ResponseSource + 'a>> {
+pub fn build<'a>(cfg: &Config, run_dir: &RunDir, round: u32, team: &'a [Agent]) -> Result<Comparator<'a>> {
     let devices = match &cfg.comparator_devices {
         Some(spec) => DeviceSpec::resolve(Some(spec), team.len(), "comparator_devices")?,
         None => DeviceSpec::resolve(cfg.agent_devices.as_ref(), team.len(), "agent_devices")?,
@@ -59,17 +65,20 @@ pub fn build<'a>(
         }
         ComparatorPolicy::Api => {
             let api = ApiSource::new(cfg, team)?;
-            return Ok(match cfg.modes.comparator_writer {
+            return Ok(Comparator::Source(match cfg.modes.comparator_writer {
                 Some(index) => {
                     Box::new(Centralized { writer: Writer::Api(Box::new(api)), index, templates: cfg.role_templates() })
                 }
                 None => Box::new(api),
-            });
+            }));
         }
     };
+    if matches!(agents, Agents::Borrowed(_)) && cfg.modes.comparator_writer.is_none() {
+        return Ok(Comparator::Team);
+    }
     let source = TeamSource::new(agents, cfg.sampling());
-    Ok(match cfg.modes.comparator_writer {
+    Ok(Comparator::Source(match cfg.modes.comparator_writer {
         Some(index) => Box::new(Centralized { writer: Writer::Agent(source), index, templates: cfg.role_templates() }),
         None => Box::new(source),
-    })
+    }))
 }

@@ -455,7 +455,7 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
     };
     let bar = progress::bar(items.len() as u64, "iterate: compare");
     let source = TeamSource::new(Agents::Borrowed(&team), cfg.sampling());
-    let mut built = build_round(&spec, items, &source, Some(comparator.as_ref()), &mut scorer, &bar)?;
+    let mut built = build_round(&spec, items, &source, Some(&comparator), &mut scorer, &bar)?;
     bar.finish_and_clear();
     let stats = RoundStats {
         pairs: built.pairs.len(),
