@@ -442,3 +442,16 @@ fn an_empty_prompt_is_refused_before_anything_is_written() {
     std::fs::write(d.join("train.jsonl"), good).unwrap();
     ok(pbrl(&["iterate", "--config", "c.toml"], d));
 }
+
+/// The team as its own comparator samples both sides' rows at once, so the memory check counts
+/// both: a comparator side too large for memory is refused before the round samples anything.
+#[test]
+fn both_sides_rows_are_counted_when_the_team_is_its_own_comparator() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d, "num_iterations = 1");
+    let o = pbrl(&["iterate", "--config", "c.toml", "comparator_num_candidates=100000000"], d);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("collect_batch_size × (both sides' candidates)"), "{e}");
+    assert!(!d.join("run/preference_replay/iteration_0001.json").exists());
+}

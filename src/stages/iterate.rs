@@ -54,7 +54,8 @@ use crate::rounds::{build_round, RoundSpec, Scorer};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::team::{copy_team, saved_team};
 use crate::run::{atomic_write, RunDir};
-use crate::sources::{comparator, Agents, TeamSource};
+use crate::sources::comparator::{self, Comparator};
+use crate::sources::{Agents, TeamSource};
 use crate::task::split::{items_of_round, train_items};
 use crate::task::TaskItem;
 use crate::team::{check_fits, load_team, Members};
@@ -436,10 +437,14 @@ fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, Ta
         selection: cfg.modes.selection,
         pairs_per_sample: cfg.preference_pairs_per_sample.map(|k| k as usize),
     };
-    let rows = spec.batch_items.saturating_mul(n_cur.max(n_cmp));
-    let item_list: Vec<TaskItem> = items.iter().map(|(_, it)| it.clone()).collect();
-    check_fits(&team, &item_list, &cfg.max_new_tokens(), (rows, "collect_batch_size × candidates"), "train")?;
     let comparator = comparator::build(cfg, run_dir, round, &team)?;
+    // The team as its own comparator samples both sides' rows in one call.
+    let rows = match comparator {
+        Comparator::Team => (n_cur.saturating_add(n_cmp), "collect_batch_size × (both sides' candidates)"),
+        Comparator::Source(_) => (n_cur.max(n_cmp), "collect_batch_size × candidates"),
+    };
+    let item_list: Vec<TaskItem> = items.iter().map(|(_, it)| it.clone()).collect();
+    check_fits(&team, &item_list, &cfg.max_new_tokens(), (spec.batch_items.saturating_mul(rows.0), rows.1), "train")?;
     // MARLHF with preference_scoring_reward = "reward_model": the newest fitted reward model (the
     // previous round's) scores both sides, raw and processed alike (reference §5.2).
     let rm_dir = run_dir.reward_model();
