@@ -38,6 +38,10 @@ impl Drop for Pass {
 /// `loss.backward()`, with the weights' gradients made as described above: what every training
 /// step calls.
 pub fn backward(loss: &Tensor) -> Result<GradStore> {
+    if active() {
+        // A nested pass would take the outer one's gradients with it.
+        candle_core::bail!("weight_grads::backward: a pass is already running on this thread");
+    }
     let pass = Pass;
     KEPT.with(|k| *k.borrow_mut() = Some(HashMap::new()));
     let mut grads = loss.backward()?;
