@@ -49,13 +49,18 @@ pub fn backward(loss: &Tensor) -> Result<GradStore> {
     drop(pass);
     for (id, g) in kept {
         // A weight that candle also saw (an embedding row lookup beside the tied LM head).
-        let sum = match grads.get_id(id) {
-            Some(before) => (before + g)?,
-            None => g,
-        };
+        let sum = plus(grads.get_id(id), g)?;
         grads.insert_id(id, sum);
     }
     Ok(grads)
+}
+
+/// `grad` added to the gradient a weight already has, if any.
+fn plus(before: Option<&Tensor>, grad: Tensor) -> Result<Tensor> {
+    match before {
+        Some(before) => before + grad,
+        None => Ok(grad),
+    }
 }
 
 /// Whether a backward pass inside [`backward`] is running on this thread.
@@ -73,10 +78,7 @@ pub fn keep(weight: &Tensor, grad: Tensor) -> Result<Option<Tensor>> {
     KEPT.with(|k| {
         let mut k = k.borrow_mut();
         let Some(kept) = k.as_mut() else { return Ok(Some(grad)) };
-        let sum = match kept.remove(&weight.id()) {
-            Some(before) => (before + grad)?,
-            None => grad,
-        };
+        let sum = plus(kept.get(&weight.id()), grad)?;
         kept.insert(weight.id(), sum);
         Ok(None)
     })
