@@ -226,8 +226,8 @@ impl Mlp {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = self.gate_proj.forward(x)?.silu()?;
-        self.down_proj.forward(&(g * self.up_proj.forward(x)?)?)
+        let gated = ops::silu_mul(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?;
+        self.down_proj.forward(&gated)
     }
 }
 

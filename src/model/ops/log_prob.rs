@@ -1,7 +1,9 @@
 //! The log-probability of a target token, fused forward and backward.
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
-use num_traits::Float;
+use std::sync::Mutex;
 
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
+
+use super::exp::ExpSlice;
 use super::{contiguous_slice, cpu_float};
 use crate::model::pool;
 
@@ -9,9 +11,13 @@ use crate::model::pool;
 // Log-probability of a target token: log softmax(logits)[target]
 
 /// lp[r] = logits[r, t_r] − logsumexp(logits[r]), one pass per row; its backward is
-/// g[r]·(onehot(t_r) − softmax(logits[r])), also one pass. No (n, vocab) temporaries besides
-/// the gradient itself.
-struct TokenLogProb;
+/// g[r]·(onehot(t_r) − softmax(logits[r])), also one pass, with each row's logsumexp kept from
+/// the forward. No (n, vocab) temporaries besides the gradient itself.
+#[derive(Default)]
+struct TokenLogProb {
+    /// Each row's logsumexp, as the forward computed it (f64 holds an f32 or an f64 exactly).
+    logsumexp: Mutex<Option<Vec<f64>>>,
+}
 
 fn u32_slice<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [u32]> {
     match s {
@@ -22,9 +28,11 @@ fn u32_slice<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [u32]>
 
 /// Accumulated in f64: a vocabulary-sized f32 sum drifts by ~1e-4, which shows in
 /// sequence log-prob differences.
-fn logsumexp<T: Float>(row: &[T]) -> T {
+fn logsumexp<T: ExpSlice>(row: &[T]) -> T {
     let max = row.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
-    let sum: f64 = row.iter().map(|&v| (v - max).exp().to_f64().unwrap_or(0.0)).sum();
+    let mut e: Vec<T> = row.iter().map(|&v| v - max).collect();
+    T::exp_in_place(&mut e);
+    let sum: f64 = e.iter().map(|v| v.to_f64().unwrap_or(0.0)).sum();
     max + T::from(sum.ln()).unwrap()
 }
 
@@ -34,27 +42,31 @@ impl CustomOp2 for TokenLogProb {
     }
 
     fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, t: &CpuStorage, lt: &Layout) -> Result<(CpuStorage, Shape)> {
-        fn run<T: Float + Send + Sync>(x: &[T], t: &[u32], v: usize) -> Vec<T> {
-            pool::map(t.len(), |r| {
-                let row = &x[r * v..][..v];
-                row[t[r] as usize] - logsumexp(row)
-            })
+        fn run<T: ExpSlice + Send + Sync>(x: &[T], t: &[u32], v: usize, kept: &Mutex<Option<Vec<f64>>>) -> Vec<T> {
+            let lse = pool::map(t.len(), |r| logsumexp(&x[r * v..][..v]));
+            let lp = (0..t.len()).map(|r| x[r * v + t[r] as usize] - lse[r]).collect();
+            *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(lse.iter().map(|l| l.to_f64().unwrap_or(f64::NAN)).collect());
+            lp
         }
         let (n, v) = lx.shape().dims2()?;
         let t = u32_slice(t, lt, "token-log-prob")?;
         if t.iter().any(|&i| i as usize >= v) {
             candle_core::bail!("token-log-prob: target id out of the vocabulary");
         }
-        let out = dispatch!(x, |x| run(contiguous_slice(x, lx, "token-log-prob")?, t, v));
+        let out = dispatch!(x, |x| run(contiguous_slice(x, lx, "token-log-prob")?, t, v, &self.logsumexp));
         Ok((out, Shape::from(n)))
     }
 
     fn bwd(&self, x: &Tensor, t: &Tensor, _y: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        Ok((Some(x.apply_op3_no_bwd(t, &g.contiguous()?, &TokenLogProbGrad)?), None))
+        let logsumexp = self.logsumexp.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Ok((Some(x.apply_op3_no_bwd(t, &g.contiguous()?, &TokenLogProbGrad { logsumexp })?), None))
     }
 }
 
-struct TokenLogProbGrad;
+struct TokenLogProbGrad {
+    /// The forward's logsumexp of each row; recomputed when absent.
+    logsumexp: Option<Vec<f64>>,
+}
 
 impl CustomOp3 for TokenLogProbGrad {
     fn name(&self) -> &'static str {
@@ -70,22 +82,30 @@ impl CustomOp3 for TokenLogProbGrad {
         g: &CpuStorage,
         lg: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        fn run<T: Float + Send + Sync>(x: &[T], t: &[u32], g: &[T], v: usize) -> Vec<T> {
+        fn run<T: ExpSlice + Send + Sync>(x: &[T], t: &[u32], g: &[T], v: usize, kept: Option<&[f64]>) -> Vec<T> {
             let mut dx = vec![T::zero(); x.len()];
             pool::for_each_chunk_mut(&mut dx, v, |r, dx| {
                 let (row, t, g) = (&x[r * v..][..v], t[r] as usize, g[r]);
-                let lse = logsumexp(row);
+                let lse = match kept {
+                    Some(kept) => T::from(kept[r]).unwrap_or(T::nan()),
+                    None => logsumexp(row),
+                };
                 for i in 0..v {
-                    dx[i] = -g * (row[i] - lse).exp();
+                    dx[i] = row[i] - lse;
+                }
+                T::exp_in_place(dx);
+                for d in dx.iter_mut() {
+                    *d = -g * *d;
                 }
                 dx[t] = dx[t] + g;
             });
             dx
         }
         let n = "token-log-prob-grad";
-        let v = lx.shape().dims2()?.1;
+        let (rows, v) = lx.shape().dims2()?;
         let t = u32_slice(t, lt, n)?;
-        let out = dispatch2!(n, (x, lx), (g, lg), |x, g| run(x, t, g, v));
+        let kept = self.logsumexp.as_deref().filter(|k| k.len() == rows);
+        let out = dispatch2!(n, (x, lx), (g, lg), |x, g| run(x, t, g, v, kept));
         Ok((out, lx.shape().clone()))
     }
 }
@@ -93,7 +113,7 @@ impl CustomOp3 for TokenLogProbGrad {
 /// log softmax(logits)[target] per row: logits (n, vocab), targets (n,) u32 → (n,).
 pub fn token_log_probs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     if cpu_float(logits) {
-        return logits.contiguous()?.apply_op2(&targets.contiguous()?, TokenLogProb);
+        return logits.contiguous()?.apply_op2(&targets.contiguous()?, TokenLogProb::default());
     }
     token_log_probs_composite(logits, targets)
 }

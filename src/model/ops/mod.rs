@@ -14,7 +14,8 @@
 //!   adapter's product summed in the GEMM's store, forward and backward.
 //! - [`batched_matmul`] is attention's batched product on the same kernels, the batch spread
 //!   over the threads (f32 on the CPU; elsewhere candle's matmul).
-//! - [`softmax_last_dim`], [`rms_norm`], [`split_heads`] (with the rotary embedding),
+//! - [`silu_mul`] is the MLP's gate `silu(gate) ⊙ up`, one pass forward and one backward.
+//! - [`softmax_last_dim`], [`silu_mul`], [`rms_norm`], [`split_heads`] (with the rotary embedding),
 //!   [`merge_heads`] and [`token_log_probs`] have CPU kernels (f32 and f64); on other devices
 //!   they fall back to the differentiable compositions of candle ops named `*_composite`.
 pub use batched::batched_matmul;
@@ -23,6 +24,7 @@ pub use log_prob::{token_log_probs, token_log_probs_composite};
 pub use lora::{lora_fuses, lora_linear, BaseWeight};
 pub use norm::{rms_norm, rms_norm_composite, rope_composite};
 pub use softmax::{softmax_composite, softmax_last_dim};
+pub use swiglu::{silu_mul, silu_mul_composite};
 
 use std::sync::Arc;
 
@@ -236,11 +238,13 @@ pub fn quantized_linear(x: &Tensor, w: &Arc<QTensor>) -> Result<Tensor> {
 
 // The kernels (declared after the dispatch macros above, which they use).
 mod batched;
+pub mod exp;
 mod heads;
 mod log_prob;
 mod lora;
 mod norm;
 mod softmax;
+mod swiglu;
 #[cfg(test)]
 mod tests;
 

@@ -2,6 +2,7 @@
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, D};
 use num_traits::Float;
 
+use super::exp::ExpSlice;
 use super::{contiguous_slice, cpu_float};
 use crate::model::pool;
 
@@ -16,16 +17,16 @@ impl CustomOp1 for Softmax {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        fn run<T: Float + Send + Sync>(x: &[T], d: usize) -> Vec<T> {
+        fn run<T: ExpSlice + Send + Sync>(x: &[T], d: usize) -> Vec<T> {
             let mut y = vec![T::zero(); x.len()];
             pool::for_each_chunk_mut(&mut y, d, |r, y| {
                 let x = &x[r * d..][..d];
                 let max = x.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
-                let mut sum = T::zero();
                 for i in 0..d {
-                    y[i] = (x[i] - max).exp();
-                    sum = sum + y[i];
+                    y[i] = x[i] - max;
                 }
+                T::exp_in_place(y);
+                let sum = y.iter().fold(T::zero(), |s, &v| s + v);
                 let inv = sum.recip();
                 y.iter_mut().for_each(|v| *v = *v * inv);
             });

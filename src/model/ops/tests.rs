@@ -102,6 +102,10 @@ fn fused_ops_match_their_composite_references() {
     check(&[random(&[130, 6], 13), random(&[6], 14)], &|t| rms_norm(&t[0], &t[1], 1e-5).unwrap(), &|t| {
         rms_norm_composite(&t[0], &t[1], 1e-5).unwrap()
     });
+    // More elements than one chunk of the pool's work, so chunks past the first are checked.
+    check(&[random(&[3, 4100], 15), random(&[3, 4100], 16)], &|t| silu_mul(&t[0], &t[1]).unwrap(), &|t| {
+        silu_mul_composite(&t[0], &t[1]).unwrap()
+    });
     // Targets carry no gradient: check the logits' gradient alone.
     let logits = random(&[4, 7], 12);
     check(&[logits], &|t| token_log_probs(&t[0], &targets).unwrap(), &|t| {
@@ -212,7 +216,7 @@ fn f32_batched_matmul_matches_f64_matmul_in_value_and_gradients() {
     }
 }
 
-/// The f32 kernels with exponentials (softmax, the token log-prob over a vocabulary-sized row)
+/// The f32 kernels with exponentials (softmax, the MLP's gate, the token log-prob over a vocabulary-sized row)
 /// against f64 candle compositions, in value and gradients.
 #[test]
 fn f32_exp_kernels_match_f64_compositions() {
@@ -220,6 +224,10 @@ fn f32_exp_kernels_match_f64_compositions() {
     let (x, y) = (scaled(random(&[6, 50], 40), 8.0), random(&[6, 50], 41));
     f32_matches_f64([&x, &y], &random(&[6, 50], 42), "softmax", |x, y, ours| {
         (if ours { softmax_last_dim(x) } else { softmax_composite(x) }.unwrap() * y).unwrap()
+    });
+    let (gate, up) = (scaled(random(&[7, 600], 43), 12.0), random(&[7, 600], 44));
+    f32_matches_f64([&gate, &up], &random(&[7, 600], 45), "silu-mul", |a, u, ours| {
+        if ours { silu_mul(a, u) } else { silu_mul_composite(a, u) }.unwrap()
     });
     let (logits, shift) = (scaled(random(&[5, 3000], 46), 10.0), random(&[5, 3000], 47));
     let targets = Tensor::new(&[3u32, 2999, 0, 1500, 7], &Device::Cpu).unwrap();
