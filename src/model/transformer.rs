@@ -192,12 +192,12 @@ impl Attention {
         let n_rep = nh / nkv;
         let q = q.reshape((b, nkv, n_rep * s, hd))?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let att = (ops::batched_matmul(&q, &k.t()?)? * scale)?
-            .reshape((b, nkv, n_rep, s, kv_len))?
-            .broadcast_add(&bias.unsqueeze(1)?)?;
+        let scores = ops::batched_matmul(&q, &k.t()?)?.reshape((b, nh, s, kv_len))?;
         let att = match mode {
-            Mode::Infer => candle_nn::ops::softmax_last_dim(&att)?,
-            Mode::Train => ops::softmax_last_dim(&att)?,
+            Mode::Infer if !scores.device().is_cpu() => {
+                candle_nn::ops::softmax_last_dim(&(scores * scale)?.broadcast_add(bias)?)?
+            }
+            _ => ops::masked_softmax(&scores, &bias.squeeze(1)?, scale)?,
         };
         let y = ops::batched_matmul(&att.reshape((b, nkv, n_rep * s, kv_len))?, &v)?; // (b, nkv, n_rep*s, hd)
         let y = match mode {

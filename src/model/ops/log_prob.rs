@@ -45,7 +45,8 @@ impl CustomOp2 for TokenLogProb {
         fn run<T: ExpSlice + Send + Sync>(x: &[T], t: &[u32], v: usize, kept: &Mutex<Option<Vec<f64>>>) -> Vec<T> {
             let lse = pool::map(t.len(), |r| logsumexp(&x[r * v..][..v]));
             let lp = (0..t.len()).map(|r| x[r * v + t[r] as usize] - lse[r]).collect();
-            *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(lse.iter().map(|l| l.to_f64().unwrap_or(f64::NAN)).collect());
+            *kept.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(lse.iter().map(|l| l.to_f64().unwrap_or(f64::NAN)).collect());
             lp
         }
         let (n, v) = lx.shape().dims2()?;

@@ -15,7 +15,8 @@
 //! - [`batched_matmul`] is attention's batched product on the same kernels, the batch spread
 //!   over the threads (f32 on the CPU; elsewhere candle's matmul).
 //! - [`silu_mul`] is the MLP's gate `silu(gate) ⊙ up`, one pass forward and one backward.
-//! - [`softmax_last_dim`], [`silu_mul`], [`rms_norm`], [`split_heads`] (with the rotary embedding),
+//! - [`masked_softmax`] is attention's `softmax(scale · scores + mask)` in one pass each way.
+//! - [`softmax_last_dim`], [`masked_softmax`], [`silu_mul`], [`rms_norm`], [`split_heads`] (with the rotary embedding),
 //!   [`merge_heads`] and [`token_log_probs`] have CPU kernels (f32 and f64); on other devices
 //!   they fall back to the differentiable compositions of candle ops named `*_composite`.
 pub use batched::batched_matmul;
@@ -23,7 +24,7 @@ pub use heads::{merge_heads, merge_heads_composite, split_heads, split_heads_com
 pub use log_prob::{token_log_probs, token_log_probs_composite};
 pub use lora::{lora_fuses, lora_linear, BaseWeight};
 pub use norm::{rms_norm, rms_norm_composite, rope_composite};
-pub use softmax::{softmax_composite, softmax_last_dim};
+pub use softmax::{masked_softmax, masked_softmax_composite, softmax_composite, softmax_last_dim};
 pub use swiglu::{silu_mul, silu_mul_composite};
 
 use std::sync::Arc;

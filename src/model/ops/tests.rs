@@ -102,6 +102,15 @@ fn fused_ops_match_their_composite_references() {
     check(&[random(&[130, 6], 13), random(&[6], 14)], &|t| rms_norm(&t[0], &t[1], 1e-5).unwrap(), &|t| {
         rms_norm_composite(&t[0], &t[1], 1e-5).unwrap()
     });
+    // Attention's probabilities: 2 sequences, 3 heads, 4 queries, 5 keys; a causal mask of
+    // -inf (each head reads its sequence's), plus a second sequence's own offsets.
+    let causal: Vec<f64> = (0..2 * 4 * 5)
+        .map(|i| if i % 5 > (i / 5) % 4 + 1 { f64::NEG_INFINITY } else { (i / 20) as f64 * 0.5 })
+        .collect();
+    let mask = Tensor::from_vec(causal, (2, 4, 5), &Device::Cpu).unwrap();
+    check(&[random(&[2, 3, 4, 5], 17)], &|t| masked_softmax(&t[0], &mask, 0.3).unwrap(), &|t| {
+        masked_softmax_composite(&t[0], &mask, 0.3).unwrap()
+    });
     // More elements than one chunk of the pool's work, so chunks past the first are checked.
     check(&[random(&[3, 4100], 15), random(&[3, 4100], 16)], &|t| silu_mul(&t[0], &t[1]).unwrap(), &|t| {
         silu_mul_composite(&t[0], &t[1]).unwrap()
@@ -216,7 +225,7 @@ fn f32_batched_matmul_matches_f64_matmul_in_value_and_gradients() {
     }
 }
 
-/// The f32 kernels with exponentials (softmax, the MLP's gate, the token log-prob over a vocabulary-sized row)
+/// The f32 kernels with exponentials (softmax, attention's masked softmax, the MLP's gate, the token log-prob over a vocabulary-sized row)
 /// against f64 candle compositions, in value and gradients.
 #[test]
 fn f32_exp_kernels_match_f64_compositions() {
@@ -225,6 +234,18 @@ fn f32_exp_kernels_match_f64_compositions() {
     f32_matches_f64([&x, &y], &random(&[6, 50], 42), "softmax", |x, y, ours| {
         (if ours { softmax_last_dim(x) } else { softmax_composite(x) }.unwrap() * y).unwrap()
     });
+    let (scores, mask) = (scaled(random(&[2, 3, 6, 50], 49), 20.0), scaled(random(&[2, 6, 50], 50), 5.0));
+    f32_matches_f64(
+        [&scores, &random(&[2, 3, 6, 50], 51)],
+        &random(&[2, 3, 6, 50], 52),
+        "masked softmax",
+        |x, y, ours| {
+            let mask = mask.to_dtype(x.dtype()).unwrap();
+            (if ours { masked_softmax(x, &mask, 0.125) } else { masked_softmax_composite(x, &mask, 0.125) }.unwrap()
+                * y)
+                .unwrap()
+        },
+    );
     let (gate, up) = (scaled(random(&[7, 600], 43), 12.0), random(&[7, 600], 44));
     f32_matches_f64([&gate, &up], &random(&[7, 600], 45), "silu-mul", |a, u, ours| {
         if ours { silu_mul(a, u) } else { silu_mul_composite(a, u) }.unwrap()
