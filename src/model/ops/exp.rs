@@ -87,7 +87,7 @@ fn exp_f32(x: f32) -> f32 {
     let p = p.mul_add(r, 8.333_452e-3);
     let p = p.mul_add(r, 4.166_579_6e-2);
     let p = p.mul_add(r, 1.666_666_5e-1);
-    let p = p.mul_add(r, 5.000_000_1e-1);
+    let p = p.mul_add(r, 0.5);
     let y = p.mul_add(r * r, r) + 1.0;
     // 2ⁿ in two factors: n reaches 128 at the top of the range, past f32's exponents.
     let n = shifted.to_bits() as i32 - ROUNDER.to_bits() as i32;
