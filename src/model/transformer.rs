@@ -6,7 +6,9 @@
 //! no padding mask and uses fused kernels without a backward pass (rms_norm, softmax_last_dim,
 //! rope), which silently cut the autograd graph. Here [`Mode::Train`] uses differentiable
 //! versions of those ops (`super::ops`: fused CPU kernels with their backward, candle
-//! compositions elsewhere) and [`Mode::Infer`] candle's fused kernels (for sampling).
+//! compositions elsewhere) and [`Mode::Infer`] candle's fused kernels (for sampling), except
+//! for attention's masked softmax and the MLP's gate, where pbrl's ops serve both modes on the
+//! CPU.
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;

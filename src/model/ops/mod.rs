@@ -16,9 +16,10 @@
 //!   over the threads (f32 on the CPU; elsewhere candle's matmul).
 //! - [`silu_mul`] is the MLP's gate `silu(gate) ⊙ up`, one pass forward and one backward.
 //! - [`masked_softmax`] is attention's `softmax(scale · scores + mask)` in one pass each way.
-//! - [`softmax_last_dim`], [`masked_softmax`], [`silu_mul`], [`rms_norm`], [`split_heads`] (with the rotary embedding),
-//!   [`merge_heads`] and [`token_log_probs`] have CPU kernels (f32 and f64); on other devices
-//!   they fall back to the differentiable compositions of candle ops named `*_composite`.
+//! - [`softmax_last_dim`], [`masked_softmax`], [`silu_mul`], [`rms_norm`], [`split_heads`]
+//!   (with the rotary embedding), [`merge_heads`] and [`token_log_probs`] have CPU kernels (f32
+//!   and f64; their exponentials on `exp`'s vectorized f32 exp); on other devices they fall
+//!   back to the differentiable compositions of candle ops named `*_composite`.
 pub use batched::batched_matmul;
 pub use heads::{merge_heads, merge_heads_composite, split_heads, split_heads_composite};
 pub use log_prob::{token_log_probs, token_log_probs_composite};

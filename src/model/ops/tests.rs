@@ -102,8 +102,8 @@ fn fused_ops_match_their_composite_references() {
     check(&[random(&[130, 6], 13), random(&[6], 14)], &|t| rms_norm(&t[0], &t[1], 1e-5).unwrap(), &|t| {
         rms_norm_composite(&t[0], &t[1], 1e-5).unwrap()
     });
-    // Attention's probabilities: 2 sequences, 3 heads, 4 queries, 5 keys; a causal mask of
-    // -inf (each head reads its sequence's), plus a second sequence's own offsets.
+    // Attention's probabilities: 2 sequences, 3 heads, 4 queries, 5 keys; each sequence's mask
+    // (read by all its heads) hides keys past query + 1 with -inf, and adds 0.5 in the second.
     let causal: Vec<f64> = (0..2 * 4 * 5)
         .map(|i| if i % 5 > (i / 5) % 4 + 1 { f64::NEG_INFINITY } else { (i / 20) as f64 * 0.5 })
         .collect();
@@ -225,8 +225,9 @@ fn f32_batched_matmul_matches_f64_matmul_in_value_and_gradients() {
     }
 }
 
-/// The f32 kernels with exponentials (softmax, attention's masked softmax, the MLP's gate, the token log-prob over a vocabulary-sized row)
-/// against f64 candle compositions, in value and gradients.
+/// The f32 kernels with exponentials (softmax, attention's masked softmax, the MLP's gate, the
+/// token log-prob over a vocabulary-sized row) against f64 candle compositions, in value and
+/// gradients.
 #[test]
 fn f32_exp_kernels_match_f64_compositions() {
     let scaled = |t: Tensor, by: f64| (t * by).unwrap();
