@@ -27,12 +27,19 @@ fn u32_slice<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [u32]>
 }
 
 /// Accumulated in f64: a vocabulary-sized f32 sum drifts by ~1e-4, which shows in
-/// sequence log-prob differences.
+/// sequence log-prob differences. The exponentials are taken a block at a time on the stack.
 fn logsumexp<T: ExpSlice>(row: &[T]) -> T {
+    const BLOCK: usize = 256;
     let max = row.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
-    let mut e: Vec<T> = row.iter().map(|&v| v - max).collect();
-    T::exp_in_place(&mut e);
-    let sum: f64 = e.iter().map(|v| v.to_f64().unwrap_or(0.0)).sum();
+    let mut block = [T::zero(); BLOCK];
+    let mut sum = 0f64;
+    for part in row.chunks(BLOCK) {
+        let e = &mut block[..part.len()];
+        e.iter_mut().zip(part).for_each(|(e, &v)| *e = v - max);
+        T::exp_in_place(e);
+        // One running sum in the row's order, as a single sum over the row would make it.
+        sum = e.iter().fold(sum, |s, v| s + v.to_f64().unwrap_or(0.0));
+    }
     max + T::from(sum.ln()).unwrap()
 }
 

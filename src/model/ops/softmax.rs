@@ -9,6 +9,15 @@ use crate::model::pool;
 // ---------------------------------------------------------------------------------------------
 // Softmax over the last dimension
 
+/// One row's softmax, in place: `e^(y − max) / Σ`.
+fn softmax_in_place<T: ExpSlice>(y: &mut [T]) {
+    let max = y.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
+    y.iter_mut().for_each(|v| *v = *v - max);
+    T::exp_in_place(y);
+    let inv = y.iter().fold(T::zero(), |s, &v| s + v).recip();
+    y.iter_mut().for_each(|v| *v = *v * inv);
+}
+
 struct Softmax;
 
 impl CustomOp1 for Softmax {
@@ -20,15 +29,8 @@ impl CustomOp1 for Softmax {
         fn run<T: ExpSlice + Send + Sync>(x: &[T], d: usize) -> Vec<T> {
             let mut y = vec![T::zero(); x.len()];
             pool::for_each_chunk_mut(&mut y, d, |r, y| {
-                let x = &x[r * d..][..d];
-                let max = x.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
-                for i in 0..d {
-                    y[i] = x[i] - max;
-                }
-                T::exp_in_place(y);
-                let sum = y.iter().fold(T::zero(), |s, &v| s + v);
-                let inv = sum.recip();
-                y.iter_mut().for_each(|v| *v = *v * inv);
+                y.copy_from_slice(&x[r * d..][..d]);
+                softmax_in_place(y);
             });
             y
         }
@@ -104,11 +106,7 @@ impl CustomOp2 for MaskedSoftmax {
                 for i in 0..k {
                     y[i] = x[i] * scale + mask[i];
                 }
-                let max = y.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
-                y.iter_mut().for_each(|v| *v = *v - max);
-                T::exp_in_place(y);
-                let inv = y.iter().fold(T::zero(), |s, &v| s + v).recip();
-                y.iter_mut().for_each(|v| *v = *v * inv);
+                softmax_in_place(y);
             });
             y
         }
