@@ -11,6 +11,10 @@
 //!   pool, with the same depth blocking as the whole product: the result is the same bits under
 //!   any thread count (`tests::blocks_for_threads_change_no_bit_of_the_product`).
 //!
+//! Products of at most [`DOT_MAX_ROWS`] rows in `x Wᵀ`'s layout (the decode steps of
+//! sampling) skip `gemm` and its packing of W: `dot` computes each output as one dot product,
+//! streaming W once (`dot`'s module documentation).
+//!
 //! Either family computes the same product up to the order of its sums (~1e-7 relative).
 //!
 //! `PBRL_GEMM` forces one family for A/B runs: `auto` (the default: the rule above),
@@ -19,10 +23,12 @@
 use gemm_common::gemm::gemm_basic_generic;
 use gemm_common::Parallelism;
 
+mod dot;
 mod kernels;
 #[cfg(test)]
 mod tests;
 
+pub use dot::DOT_MAX_ROWS;
 pub use kernels::{kernel_choice, parse_choice, KernelChoice, KernelFamily, WIDE_MIN_ROWS};
 
 /// A matrix operand: its elements and the strides (in elements) between its rows and columns.
@@ -308,6 +314,23 @@ unsafe fn block_product(
     lhs: RawOperand,
     rhs: RawOperand,
 ) {
+    if dot::applies(family, m, lhs.col_stride, rhs.row_stride) {
+        let product = dot::DotProduct {
+            m,
+            n,
+            k,
+            dst,
+            dst_stride,
+            read_dst,
+            scale,
+            x: lhs.ptr,
+            x_stride: lhs.row_stride,
+            w: rhs.ptr,
+            w_stride: rhs.col_stride,
+        };
+        // SAFETY: as this function's own contract; `applies` admits vector families only.
+        return unsafe { product.run(family) };
+    }
     // As `gemm::gemm` does for a row-major destination: compute the transposed product
     // (n, m) = rhsᵀ · lhsᵀ on column-major terms, which its microkernels prefer.
     let dst_factor = if read_dst { 1.0 } else { 0.0 };

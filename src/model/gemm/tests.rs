@@ -49,8 +49,9 @@ fn blocks_for_threads_change_no_bit_of_the_product() {
         if !family.available() {
             continue;
         }
-        // Longer rows or longer columns; a thin side of at most 64; a depth above 512.
-        for (m, n, k) in [(400, 96, 70), (96, 700, 70), (300, 16, 600), (50, 900, 1100)] {
+        // Longer rows or longer columns; a thin side of at most 64; a depth above 512; few
+        // enough rows for the dot kernels.
+        for (m, n, k) in [(400, 96, 70), (96, 700, 70), (300, 16, 600), (50, 900, 1100), (12, 700, 600)] {
             assert!(Blocks::of((m, n, k), 3).count > 1, "{m}x{n}x{k} is cut");
             let (a, b) = (data(m * k, 3), data(k * n, 4));
             let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
@@ -79,6 +80,45 @@ fn blocks_for_threads_change_no_bit_of_the_product() {
                             "{family:?} {m}x{n}x{k} on {threads} threads"
                         );
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The dot kernels (a few rows, `x Wᵀ`'s layout) give each output the same bits whatever the
+/// number of rows beside it, with every remainder of their tiles (rows of x and of W, the
+/// depth's lanes), and agree with the exact product.
+#[test]
+fn a_dot_kernel_output_does_not_depend_on_the_rows_beside_it() {
+    for family in [KernelFamily::Avx512, KernelFamily::Avx2] {
+        if !family.available() {
+            continue;
+        }
+        for (n, k) in [(1, 1), (7, 15), (9, 16), (5, 17), (13, 40), (6, 100)] {
+            let m = DOT_MAX_ROWS;
+            let (x, w) = (data(m * k, 6), data(n * k, 7));
+            let start = data(m * n, 8);
+            for accumulate in [Accumulate::No, Accumulate::Yes] {
+                let product = |rows: usize| {
+                    let mut dst = start[..rows * n].to_vec();
+                    let (lhs, rhs) = (Operand::row_major(&x[..rows * k], k), Operand::transposed(&w, k));
+                    gemm_in_blocks(family, (rows, n, k), &mut dst, accumulate, 0.5, lhs, rhs, 1).unwrap();
+                    dst
+                };
+                let all = product(m);
+                let wt: Vec<f32> = (0..k * n).map(|i| w[(i % n) * k + i / n]).collect(); // (k, n)
+                let want = naive(m, n, k, &x, &wt);
+                for (i, (&got, &want)) in all.iter().zip(&want).enumerate() {
+                    let want = if accumulate == Accumulate::Yes { start[i] } else { 0.0 } + 0.5 * want;
+                    assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{family:?} {m}x{n}x{k}: {got} vs {want}");
+                }
+                for rows in 1..m {
+                    let few = product(rows);
+                    assert!(
+                        few.iter().zip(&all).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{family:?} {rows} of {m} rows, {n}x{k}"
+                    );
                 }
             }
         }
