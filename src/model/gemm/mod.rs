@@ -260,6 +260,11 @@ struct Blocks {
     count: usize,
 }
 
+/// Products of at most this many rows in x Wᵀ's layout (and more than `DOT_MAX_ROWS`) are
+/// computed as they are, W read in place, not transposed with W packed. Measured with `cargo
+/// bench --bench runtime -- gemm` on an Intel Xeon with AVX-512, 2 threads: at 32 rows 1.1-2.2x
+/// as fast, at 64 0.8-1.4x, at 128 0.6-0.8x (docs/benchmarks.md, "Decode steps without packing").
+const UNPACKED_MAX_ROWS: usize = 48;
 /// Products below this many multiply-adds run on the calling thread alone (`gemm`'s own
 /// threading threshold).
 const THREADING_MIN_WORK: usize = 48 * 48 * 256;
@@ -331,9 +336,22 @@ unsafe fn block_product(
         // SAFETY: as this function's own contract; `applies` admits vector families only.
         return unsafe { product.run(family) };
     }
-    // As `gemm::gemm` does for a row-major destination: compute the transposed product
-    // (n, m) = rhsᵀ · lhsᵀ on column-major terms, which its microkernels prefer.
+    // gemm's arguments name a product (gm, gk) · (gk, gn) into dst by its column and row
+    // strides, and each operand by (column stride, row stride): `reading(o)` is that pair.
+    // As `gemm::gemm` does for a row-major destination, a product is computed transposed,
+    // (n, m) = rhsᵀ · lhsᵀ on column-major terms, which its microkernels prefer; but gemm then
+    // packs W (lhs of the transposed product, row-major) into panels, a strided gather of the
+    // whole matrix for every product. With few rows in x Wᵀ's layout it computes the product
+    // as it is instead: x (small) is packed and W read in place (docs/benchmarks.md).
     let dst_factor = if read_dst { 1.0 } else { 0.0 };
+    let reading = |o: RawOperand| (o.ptr, o.col_stride as isize, o.row_stride as isize);
+    let transposed = |o: RawOperand| (o.ptr, o.row_stride as isize, o.col_stride as isize);
+    let ((gm, gn), (dst_cs, dst_rs), a, b) =
+        if m <= UNPACKED_MAX_ROWS && lhs.col_stride == 1 && rhs.row_stride == 1 {
+            ((m, n), (1, dst_stride as isize), reading(lhs), reading(rhs))
+        } else {
+            ((n, m), (dst_stride as isize, 1), transposed(rhs), transposed(lhs))
+        };
     macro_rules! run {
         ($simd:expr, $module:path, $n:expr) => {{
             use $module as ukr;
@@ -348,19 +366,19 @@ unsafe fn block_product(
                 { ukr::H_N },
             >(
                 $simd,
-                n,
-                m,
+                gm,
+                gn,
                 k,
                 dst,
-                dst_stride as isize,
-                1,
+                dst_cs,
+                dst_rs,
                 read_dst,
-                rhs.ptr,
-                rhs.row_stride as isize,
-                rhs.col_stride as isize,
-                lhs.ptr,
-                lhs.row_stride as isize,
-                lhs.col_stride as isize,
+                a.0,
+                a.1,
+                a.2,
+                b.0,
+                b.1,
+                b.2,
                 dst_factor,
                 scale,
                 false,
@@ -394,3 +412,4 @@ unsafe fn block_product(
         }
     }
 }
+
