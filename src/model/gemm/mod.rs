@@ -13,7 +13,8 @@
 //!
 //! Products of at most [`DOT_MAX_ROWS`] rows in `x Wᵀ`'s layout (the decode steps of
 //! sampling) skip `gemm` and its packing of W: `dot` computes each output as one dot product,
-//! streaming W once (`dot`'s module documentation).
+//! streaming W once (`dot`'s module documentation); up to `UNPACKED_MAX_ROWS` rows `gemm`
+//! reads W in place.
 //!
 //! Either family computes the same product up to the order of its sums (~1e-7 relative).
 //!
@@ -262,8 +263,8 @@ struct Blocks {
 
 /// Products of at most this many rows in x Wᵀ's layout (and more than `DOT_MAX_ROWS`) are
 /// computed as they are, W read in place, not transposed with W packed. Measured with `cargo
-/// bench --bench runtime -- gemm` on an Intel Xeon with AVX-512, 2 threads: at 32 rows 1.1-2.2x
-/// as fast, at 64 0.8-1.4x, at 128 0.6-0.8x (docs/benchmarks.md, "Decode steps without packing").
+/// bench --bench runtime -- gemm` on an Intel Xeon with AVX-512, 2 threads: at 32 rows 1.0-2.2x
+/// as fast, at 64 0.8-1.4x, at 128 0.6-1.0x (docs/benchmarks.md, "Decode steps without packing").
 const UNPACKED_MAX_ROWS: usize = 48;
 /// Products below this many multiply-adds run on the calling thread alone (`gemm`'s own
 /// threading threshold).
