@@ -208,4 +208,3 @@ unsafe fn tile<V: Lanes, const R: usize, const C: usize>(p: DotProduct, i: usize
         }
     }
 }
-

@@ -347,12 +347,11 @@ unsafe fn block_product(
     let dst_factor = if read_dst { 1.0 } else { 0.0 };
     let reading = |o: RawOperand| (o.ptr, o.col_stride as isize, o.row_stride as isize);
     let transposed = |o: RawOperand| (o.ptr, o.row_stride as isize, o.col_stride as isize);
-    let ((gm, gn), (dst_cs, dst_rs), a, b) =
-        if m <= UNPACKED_MAX_ROWS && lhs.col_stride == 1 && rhs.row_stride == 1 {
-            ((m, n), (1, dst_stride as isize), reading(lhs), reading(rhs))
-        } else {
-            ((n, m), (dst_stride as isize, 1), transposed(rhs), transposed(lhs))
-        };
+    let ((gm, gn), (dst_cs, dst_rs), a, b) = if m <= UNPACKED_MAX_ROWS && lhs.col_stride == 1 && rhs.row_stride == 1 {
+        ((m, n), (1, dst_stride as isize), reading(lhs), reading(rhs))
+    } else {
+        ((n, m), (dst_stride as isize, 1), transposed(rhs), transposed(lhs))
+    };
     macro_rules! run {
         ($simd:expr, $module:path, $n:expr) => {{
             use $module as ukr;
@@ -413,4 +412,3 @@ unsafe fn block_product(
         }
     }
 }
-

@@ -51,7 +51,15 @@ fn blocks_for_threads_change_no_bit_of_the_product() {
         }
         // Longer rows or longer columns; a thin side of at most 64; a depth above 512; few
         // enough rows for the dot kernels, or for W read in place.
-        for (m, n, k) in [(400, 96, 70), (96, 700, 70), (300, 16, 600), (50, 900, 1100), (12, 700, 600), (32, 700, 600), (48, 300, 70)] {
+        for (m, n, k) in [
+            (400, 96, 70),
+            (96, 700, 70),
+            (300, 16, 600),
+            (50, 900, 1100),
+            (12, 700, 600),
+            (32, 700, 600),
+            (48, 300, 70),
+        ] {
             assert!(Blocks::of((m, n, k), 3).count > 1, "{m}x{n}x{k} is cut");
             let (a, b) = (data(m * k, 3), data(k * n, 4));
             let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
