@@ -65,6 +65,7 @@ fn marlhf_raises_the_reward_models_score_and_saves_the_agents() {
     for key in ["turn_1/expected_return", "marlhf/loss/agent_0", "marlhf/loss/agent_1", "marlhf/grad_norm/agent_1"] {
         assert!(!common::metric_values(&run, key).is_empty(), "{key} not logged");
     }
+    assert_update_times(&run, r.len());
     for i in 0..2 {
         let a = std::fs::read(run.join(format!("agents/agent_{i}/model.safetensors"))).unwrap();
         assert_ne!(a, std::fs::read(d.join("tiny/model.safetensors")).unwrap(), "agent {i} changed");
@@ -196,6 +197,7 @@ fn the_actor_critic_backends_raise_the_reward_models_score() {
         }
         let v = common::metric_values(&run, "marlhf/value_loss/agent_1");
         assert_eq!(v.len(), r.len(), "{name}: a critic loss per buffer");
+        assert_update_times(&run, r.len());
         let names = common::safetensors_names(&run.join("agents/agent_0/model.safetensors"));
         assert!(names.iter().all(|n| !n.contains("value_head")), "{name}: {names:?}");
     }
@@ -217,4 +219,26 @@ fn a_resumed_actor_critic_run_is_exact() {
     }
     let v = |run: &str| common::metric_values(&d.join(run), "marlhf/value_loss/agent_0");
     assert_eq!(v("run"), v("other")[v("other").len() - v("run").len()..].to_vec(), "the critics were restored too");
+}
+
+/// Every buffer says where its time went: sampling, the reward model, the backward passes and
+/// AdamW are parts of the whole update.
+fn assert_update_times(run: &Path, updates: usize) {
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v["stage"] == "train-marlhf" && v.get("time/update_s").is_some())
+        .collect();
+    assert_eq!(records.len(), updates, "one update record per buffer");
+    for (i, r) in records.iter().enumerate() {
+        let [update, rollout, reward, backward, adamw] =
+            ["time/update_s", "time/rollout_s", "time/reward_s", "time/backward_s", "time/optimizer_s"]
+                .map(|k| r[k].as_f64().unwrap_or_else(|| panic!("update {i}: {k} not logged")));
+        let parts = [rollout, reward, backward, adamw];
+        assert!(
+            parts.iter().all(|&p| p > 0.0) && parts.iter().sum::<f64>() <= update,
+            "update {i}: {parts:?} of {update}"
+        );
+    }
 }

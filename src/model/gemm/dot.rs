@@ -2,10 +2,11 @@
 //! where lhs's rows and rhs's columns are contiguous — `x Wᵀ` with W (n, k) row-major, every
 //! linear layer of a decode step — and m is at most [`DOT_MAX_ROWS`].
 //!
-//! `gemm` packs rhs into panels before its microkernels read it; for `Wᵀ` that is a strided
-//! gather of the whole weight matrix, element by element, for every product. With a few rows
-//! the packing costs more than the product: 48% of a sampling run's samples (`perf`, the
-//! runtime bench's 8 rows × 64 tokens) were in `gemm`'s `pack_rhs`. Here each output is the
+//! Handed `x Wᵀ` transposed (`super::block_product`), `gemm` packs W into column panels before
+//! its microkernels read it: a strided gather of the whole weight matrix, element by element,
+//! for every product. With a few rows the packing costs more than the product: 48% of a
+//! sampling run's samples (`perf`, the runtime bench's 8 rows × 64 tokens) were in `gemm`'s
+//! packing loop (`pack_generic`). Here each output is the
 //! dot product of one row of x and one row of W, read where they lie: W streams from memory
 //! once per product, a tile of 4 of its rows against a few rows of x at a time (4 on 512-bit
 //! registers, 2 on 256-bit ones, so that the accumulators stay in registers).

@@ -337,9 +337,9 @@ unsafe fn block_product(
         // SAFETY: as this function's own contract; `applies` admits vector families only.
         return unsafe { product.run(family) };
     }
-    // gemm's arguments name a product (gm, gk) · (gk, gn) into dst by its column and row
-    // strides, and each operand by (column stride, row stride): `reading(o)` is that pair.
-    // As `gemm::gemm` does for a row-major destination, a product is computed transposed,
+    // gemm takes a product (gm, k) · (k, gn), dst by (column stride, row stride) and each
+    // operand as (pointer, column stride, row stride): `reading` passes an operand as it is,
+    // `transposed` as its transpose. As `gemm::gemm` does for a row-major destination, a product is computed transposed,
     // (n, m) = rhsᵀ · lhsᵀ on column-major terms, which its microkernels prefer; but gemm then
     // packs W (lhs of the transposed product, row-major) into panels, a strided gather of the
     // whole matrix for every product. With few rows in x Wᵀ's layout it computes the product

@@ -30,7 +30,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use super::setup::{abs_mean, joint_scores, mean, rollout_metrics, rollout_pad, Setup};
+use super::setup::{abs_mean, mean, rollout_pad, ScoredRollout, Setup};
 use super::TrainOptions;
 use crate::algo::actor_critic::{actor_loss, buffer_advantages, value_loss};
 use crate::config::{Config, DeviceSpec, MarlhfBackend};
@@ -157,10 +157,8 @@ pub(super) fn train(cfg: &Config, run_dir: &RunDir, setup: &Setup, opts: &TrainO
 
     session.run(setup.items.len(), items_per_buffer(cfg), |step, chunk, metrics| {
         let epoch = step.epoch;
-        let out = setup.rollout(cfg, epoch, chunk, step.tokens)?;
-        let returns = joint_scores(&setup.rm, &out)?;
-        let kls = setup.reference_kls(&out)?;
-        rollout_metrics(cfg, &returns, &kls, true, metrics);
+        let ScoredRollout { out, returns, kls } =
+            setup.scored_rollout(cfg, (epoch, chunk), step.tokens, true, metrics)?;
         // Every agent's samples and their values, before any update of this buffer.
         let mut buffers = Vec::with_capacity(n);
         for agent in team {

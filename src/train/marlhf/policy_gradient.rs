@@ -18,7 +18,7 @@ use crate::team::rollout::Rollout;
 use crate::team::Agent;
 use crate::train::session::{all_weights, Plan, Session, TrainingData, TrainingSummary};
 
-use super::setup::{abs_mean, joint_scores, mean, rollout_metrics, rollout_pad, Setup};
+use super::setup::{abs_mean, mean, rollout_pad, ScoredRollout, Setup};
 use super::TrainOptions;
 
 /// Items whose groups one update scores: `train_batch_size`, at most a buffer's.
@@ -39,7 +39,7 @@ pub(super) fn train_policy_gradient(
         normalize: cfg.advantage_normalization,
         kl_coef: cfg.reference_kl_enabled.then_some(cfg.reference_kl_coef),
     };
-    let Setup { team, items, rm, .. } = setup;
+    let Setup { team, items, .. } = setup;
     let buffer = cfg.rollout_buffer_size as usize;
     let chunk_items = items_per_update(cfg);
     let centralized = cfg.modes.centralized;
@@ -59,12 +59,10 @@ pub(super) fn train_policy_gradient(
 
     session.run(items.len(), buffer, |step, chunk, metrics| {
         let epoch = step.epoch;
-        let out = setup.rollout(cfg, epoch, chunk, step.tokens)?;
-        // returns[j][s]: the reward model's score of joint response s of item j.
-        let returns = joint_scores(rm, &out)?;
-        // kls[a][j][s]: agent a's reference KL on its completion in joint response s of item j.
-        let kls = setup.reference_kls(&out)?;
-        rollout_metrics(cfg, &returns, &kls, false, metrics);
+        // returns[j][s]: the reward model's score of joint response s of item j; kls[a][j][s]:
+        // agent a's reference KL on its completion there.
+        let ScoredRollout { out, returns, kls } =
+            setup.scored_rollout(cfg, (epoch, chunk), step.tokens, false, metrics)?;
         for (a, agent) in team.iter().enumerate() {
             let advantages: Vec<Vec<f64>> =
                 (0..chunk.len()).map(|j| group_advantages(&returns[j], &kls[a][j], rule)).collect();

@@ -1,6 +1,8 @@
 //! What every MARLHF backend shares: the reward model, the train items, the team and its frozen
 //! references loaded and checked (`Setup`); the seeded rollouts, the reward model's scores of
 //! joint responses, the reference KL of each completion, and the rollout metrics.
+use std::time::Instant;
+
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
@@ -31,6 +33,13 @@ pub(crate) struct Setup {
     pub items: Vec<TaskItem>,
     pub team: Vec<Agent>,
     pub reference: Option<Vec<Agent>>,
+}
+
+/// A buffer's rollouts with their returns and reference KLs ([`Setup::scored_rollout`]).
+pub(super) struct ScoredRollout {
+    pub out: Rollout,
+    pub returns: Vec<Vec<f64>>,
+    pub kls: Vec<Vec<Vec<f64>>>,
 }
 
 /// What a backend samples and scores at once, with the keys that set each (named in errors).
@@ -110,6 +119,29 @@ impl Setup {
         rollout(&self.team, &batch, cfg.num_generations as usize, &cfg.sampling(), seed, |n| *tokens += n)
     }
 
+    /// A buffer's rollouts ([`Setup::rollout`]) and what its advantages start from:
+    /// `returns[j][s]`, the reward model's score of joint response s of item j, and `kls[a][j][s]`
+    /// ([`Setup::reference_kls`]). Records the rollout metrics and where the time went:
+    /// `time/rollout_s` (sampling), `time/reward_s` (the reward model and the reference KLs).
+    pub fn scored_rollout(
+        &self,
+        cfg: &Config,
+        (epoch, chunk): (u64, &[usize]),
+        tokens: &mut usize,
+        shaped: bool,
+        metrics: &mut Value,
+    ) -> Result<ScoredRollout> {
+        let started = Instant::now();
+        let out = self.rollout(cfg, epoch, chunk, tokens)?;
+        metrics["time/rollout_s"] = json!(started.elapsed().as_secs_f64());
+        let started = Instant::now();
+        let returns = joint_scores(&self.rm, &out)?;
+        let kls = self.reference_kls(&out)?;
+        metrics["time/reward_s"] = json!(started.elapsed().as_secs_f64());
+        rollout_metrics(cfg, &returns, &kls, shaped, metrics);
+        Ok(ScoredRollout { out, returns, kls })
+    }
+
     /// `kls[a][j][s]`: agent a's reference KL on its completion in joint response s of item j
     /// (zeros without the reference KL).
     pub fn reference_kls(&self, out: &Rollout) -> Result<Vec<Vec<Vec<f64>>>> {
@@ -127,13 +159,7 @@ impl Setup {
 /// `expected_return` is the mean return the advantages start from: the raw scores for the
 /// MAGRPO family (whose KL enters its advantages), the KL-shaped ones for the actor-critic
 /// backends (`shaped`).
-pub(super) fn rollout_metrics(
-    cfg: &Config,
-    returns: &[Vec<f64>],
-    kls: &[Vec<Vec<f64>>],
-    shaped: bool,
-    metrics: &mut Value,
-) {
+fn rollout_metrics(cfg: &Config, returns: &[Vec<f64>], kls: &[Vec<Vec<f64>>], shaped: bool, metrics: &mut Value) {
     let all: Vec<f64> = returns.iter().flatten().copied().collect();
     metrics["turn_1/reward_mean"] = json!(mean(&all));
     let shaped_returns = kls.iter().flat_map(|agent| {
@@ -156,7 +182,7 @@ pub(super) fn abs_mean(xs: &[f64]) -> f64 {
 pub(super) use crate::algo::trend::mean;
 
 /// The reward model's score of every joint response, `[item][sample]`, without gradients.
-pub(super) fn joint_scores(rm: &JointRewardModel, out: &Rollout) -> Result<Vec<Vec<f64>>> {
+fn joint_scores(rm: &JointRewardModel, out: &Rollout) -> Result<Vec<Vec<f64>>> {
     let mut rows = Vec::new();
     for (j, responses) in out.responses.iter().enumerate() {
         for s in 0..responses.len() {
