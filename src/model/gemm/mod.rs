@@ -29,7 +29,7 @@ mod kernels;
 #[cfg(test)]
 mod tests;
 
-pub use dot::DOT_MAX_ROWS;
+pub use dot::{WeightRows, DOT_MAX_ROWS, Q8_BLOCK_BYTES};
 pub use kernels::{kernel_choice, parse_choice, KernelChoice, KernelFamily, WIDE_MIN_ROWS};
 
 /// A matrix operand: its elements and the strides (in elements) between its rows and columns.
@@ -153,6 +153,59 @@ fn gemm_in_blocks(
         super::pool::map(blocks.count, block);
     }
     Ok(())
+}
+
+/// `x (m, k) · Wᵀ` with W (n, k) read as it is stored (`rows`: f32, bf16 or q8_0), on the dot
+/// kernels and cut over the pool along W's rows, when they apply: a vector `family` and at
+/// most [`DOT_MAX_ROWS`] rows; else None (the caller makes an f32 W for `gemm`). x is
+/// row-major with k elements per row.
+///
+/// # Safety
+/// `rows` must reach n rows of k elements (q8_0: k a multiple of 32) that stay alive and
+/// unchanged during the call.
+pub unsafe fn stored_product(
+    family: KernelFamily,
+    (m, n, k): (usize, usize, usize),
+    x: &[f32],
+    rows: WeightRows,
+) -> Result<Option<Vec<f32>>, String> {
+    if !dot::applies(family, m, 1, 1) || !family.available() {
+        return Ok(None);
+    }
+    if x.len() != m * k || (matches!(rows, WeightRows::Q8_0 { .. }) && k % 32 != 0) {
+        return Err(format!("gemm: a {m}x{k} product with {} elements of x (q8_0 rows need k % 32 == 0)", x.len()));
+    }
+    let mut dst = vec![0f32; m * n];
+    if m == 0 || n == 0 {
+        return Ok(Some(dst));
+    }
+    let dst_ptr = SharedPtr(dst.as_mut_ptr());
+    let blocks = Blocks::of((m, n, k), super::pool::threads());
+    let block = |b: usize| {
+        let (_, cols) = blocks.block(b);
+        let product = dot::DotProduct {
+            m,
+            n: cols.len(),
+            k,
+            dst: dst_ptr.get().wrapping_add(cols.start),
+            dst_stride: n,
+            read_dst: false,
+            scale: 1.0,
+            x: x.as_ptr(),
+            x_stride: k,
+            w: rows.from_row(cols.start),
+        };
+        // SAFETY: x holds m rows of k (checked), `rows` n rows (the caller's contract), and
+        // the blocks write disjoint columns of dst; `applies` admitted a vector family this
+        // CPU runs.
+        unsafe { product.run(family) }
+    };
+    if blocks.count == 1 {
+        block(0);
+    } else {
+        super::pool::map(blocks.count, block);
+    }
+    Ok(Some(dst))
 }
 
 /// `dst[i] = lhs[i] · rhs[i]` for a batch of products of one shape (attention's scores and
@@ -331,8 +384,7 @@ unsafe fn block_product(
             scale,
             x: lhs.ptr,
             x_stride: lhs.row_stride,
-            w: rhs.ptr,
-            w_stride: rhs.col_stride,
+            w: dot::WeightRows::F32 { ptr: rhs.ptr, stride: rhs.col_stride },
         };
         // SAFETY: as this function's own contract; `applies` admits vector families only.
         return unsafe { product.run(family) };

@@ -133,6 +133,56 @@ fn a_dot_kernel_output_does_not_depend_on_the_rows_beside_it() {
     }
 }
 
+/// W stored in bf16 or q8_0 and read in place: bit for bit the dot kernels' product on the f32
+/// copy (bf16 widened, q8_0 dequantized as candle does), within 1e-5 of the exact product.
+#[test]
+fn stored_weights_give_the_product_of_their_f32_copy() {
+    for family in [KernelFamily::Avx512, KernelFamily::Avx2] {
+        if !family.available() {
+            continue;
+        }
+        for (m, n, k) in [(1, 3, 32), (5, 9, 64), (16, 130, 96), (3, 7, 15)] {
+            let x = data(m * k, 9);
+            let w = data(n * k, 10);
+            let bf16: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            let widened: Vec<f32> = bf16.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect();
+            let mut cases = vec![("bf16", WeightRows::Bf16 { ptr: bf16.as_ptr(), stride: k }, widened)];
+            let (mut q8, mut dequantized) = (Vec::new(), Vec::new());
+            if k % 32 == 0 {
+                for (b, block) in w.chunks(32).enumerate() {
+                    let scale = half::f16::from_f32(0.01 + (b % 5) as f32 * 0.003);
+                    q8.extend(scale.to_bits().to_le_bytes());
+                    for (i, v) in block.iter().enumerate() {
+                        let q = ((v * 127.0) as i8).wrapping_add((i as i8) % 3);
+                        q8.push(q as u8);
+                        dequantized.push(q as f32 * scale.to_f32());
+                    }
+                }
+                let stride = k / 32 * Q8_BLOCK_BYTES;
+                cases.push(("q8_0", WeightRows::Q8_0 { ptr: q8.as_ptr(), stride }, dequantized.clone()));
+            }
+            for (name, rows, copy) in cases {
+                // SAFETY: each view holds n rows of k elements and outlives the call.
+                let product = |rows| unsafe { stored_product(family, (m, n, k), &x, rows) }.unwrap().unwrap();
+                let stored = product(rows);
+                let f32_copy = product(WeightRows::F32 { ptr: copy.as_ptr(), stride: k });
+                assert!(
+                    stored.iter().zip(&f32_copy).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{family:?} {name} {m}x{n}x{k}"
+                );
+                let wt: Vec<f32> = (0..k * n).map(|i| copy[(i % n) * k + i / n]).collect();
+                for (got, want) in stored.iter().zip(naive(m, n, k, &x, &wt)) {
+                    assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{family:?} {name}: {got} vs {want}");
+                }
+            }
+        }
+        // Above the dot kernels' rows: not theirs to compute.
+        let (x, w) = (data(17 * 32, 1), data(32, 2));
+        let rows = WeightRows::F32 { ptr: w.as_ptr(), stride: 32 };
+        assert!(unsafe { stored_product(family, (17, 1, 32), &x, rows) }.unwrap().is_none());
+    }
+}
+
 #[test]
 fn operands_too_small_for_their_shape_are_an_error() {
     let a = vec![0f32; 5];

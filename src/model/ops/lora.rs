@@ -18,11 +18,11 @@
 //! composition, which computes the same values up to the order of the sums.
 use std::sync::Arc;
 
-use candle_core::quantized::QTensor;
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor};
 
 use super::super::gemm::{gemm_into, kernel_choice, matmul, Accumulate, Operand};
-use super::contiguous_slice;
+use super::{contiguous_slice, StoredWeight};
 
 /// A linear layer's weight matrix (out, in): a tensor (a variable when it trains, possibly
 /// stored in bf16 when frozen), or a frozen quantized one.
@@ -39,6 +39,25 @@ impl BaseWeight {
         match self {
             BaseWeight::Dense(w) => w.to_dtype(DType::F32)?.contiguous(),
             BaseWeight::Quantized(q) => q.dequantize(&Device::Cpu),
+        }
+    }
+
+    /// `x Wᵀ` read from W as it is stored when it is bf16 or q8_0 and x has a few rows
+    /// (`super::stored_product`); None otherwise (an f32 W reaches the same kernels through
+    /// `gemm_into`).
+    fn stored_product(&self, x: &CpuStorage, lx: &Layout, out: usize) -> Result<Option<Vec<f32>>> {
+        let CpuStorage::F32(xs) = x else { return Ok(None) };
+        match self {
+            BaseWeight::Dense(w) => match &*w.storage_and_layout().0 {
+                Storage::Cpu(CpuStorage::BF16(v)) => {
+                    super::stored_product(xs, lx, out, StoredWeight::Bf16(v, w.layout()))
+                }
+                _ => Ok(None),
+            },
+            BaseWeight::Quantized(q) if q.dtype() == GgmlDType::Q8_0 => {
+                super::stored_product(xs, lx, out, StoredWeight::Q8_0(&q.data()?))
+            }
+            BaseWeight::Quantized(_) => Ok(None),
         }
     }
 
@@ -92,7 +111,7 @@ impl CustomOp3 for LoraLinear {
 
     fn cpu_fwd(
         &self,
-        x: &CpuStorage,
+        x_storage: &CpuStorage,
         lx: &Layout,
         a: &CpuStorage,
         la: &Layout,
@@ -100,15 +119,22 @@ impl CustomOp3 for LoraLinear {
         lb: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let ((m, inp), (r, _), (out, _)) = (lx.shape().dims2()?, la.shape().dims2()?, lb.shape().dims2()?);
-        let (x, a, b) = (f32s(x, lx, "lora x")?, f32s(a, la, "lora_A")?, f32s(b, lb, "lora_B")?);
+        let (x, a, b) = (f32s(x_storage, lx, "lora x")?, f32s(a, la, "lora_A")?, f32s(b, lb, "lora_B")?);
         let choice = kernel_choice().map_err(gemm_error)?;
-        let w = self.w.cpu_f32()?;
-        let (w_storage, w_layout) = w.storage_and_layout();
-        let w = cpu_f32s(&w_storage, w_layout, "lora base weight")?;
+        let mut y = match self.w.stored_product(x_storage, lx, out)? {
+            Some(y) => y,
+            None => {
+                let w = self.w.cpu_f32()?;
+                let (w_storage, w_layout) = w.storage_and_layout();
+                let w = cpu_f32s(&w_storage, w_layout, "lora base weight")?;
+                let mut y = vec![0f32; m * out];
+                let (x, w) = (Operand::row_major(x, inp), Operand::transposed(w, inp));
+                gemm_into(choice.family(m, out), (m, out, inp), &mut y, Accumulate::No, 1.0, x, w)
+                    .map_err(gemm_error)?;
+                y
+            }
+        };
         let x = Operand::row_major(x, inp);
-        let mut y = vec![0f32; m * out];
-        gemm_into(choice.family(m, out), (m, out, inp), &mut y, Accumulate::No, 1.0, x, Operand::transposed(w, inp))
-            .map_err(gemm_error)?;
         let u = matmul(choice.family(m, r), m, r, inp, x, Operand::transposed(a, inp)).map_err(gemm_error)?;
         let (u, bt) = (Operand::row_major(&u, r), Operand::transposed(b, r));
         gemm_into(choice.family(m, out), (m, out, r), &mut y, Accumulate::Yes, self.scaling, u, bt)

@@ -31,7 +31,7 @@ pub use swiglu::{silu_mul, silu_mul_composite};
 use std::sync::Arc;
 
 use candle_core::backend::BackendStorage;
-use candle_core::quantized::QTensor;
+use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Storage, Tensor};
 
 /// Whether the fused CPU kernels apply to `x`.
@@ -107,6 +107,44 @@ fn in_dtype<S: BackendStorage>(s: &S, l: &Layout, dtype: DType) -> Result<Option
     Ok(Some((s.to_dtype(l, dtype)?, Layout::contiguous(l.shape()))))
 }
 
+/// `x Wᵀ` (m, n) with a frozen W read as it is stored, for a product of a few rows (the
+/// decode steps of sampling): f32 x and W in bf16 (`CpuStorage::BF16`, contiguous) or q8_0
+/// (`QTensor` bytes), on `gemm::stored_product`'s dot kernels: bit for bit the product on the
+/// f32 copy of W that the other kernels make for every product, reading a half or about a
+/// quarter of its bytes. None where those kernels do not apply.
+fn stored_product(x: &[f32], lx: &Layout, n: usize, w: StoredWeight) -> Result<Option<Vec<f32>>> {
+    let (m, k) = lx.shape().dims2()?;
+    let Some((start, end)) = lx.contiguous_offsets() else { return Ok(None) };
+    let family = super::gemm::kernel_choice().map_err(candle_core::Error::msg)?.family(m, n);
+    let rows = match w {
+        StoredWeight::Bf16(v, lw) => match lw.contiguous_offsets() {
+            Some((a, b)) if b - a == n * k => super::gemm::WeightRows::Bf16 { ptr: v[a..].as_ptr().cast(), stride: k },
+            _ => return Ok(None),
+        },
+        StoredWeight::Q8_0(bytes) => {
+            let stride = k / 32 * super::gemm::Q8_BLOCK_BYTES;
+            if k % 32 != 0 || bytes.len() != n * stride {
+                return Ok(None);
+            }
+            super::gemm::WeightRows::Q8_0 { ptr: bytes.as_ptr(), stride }
+        }
+    };
+    // SAFETY: the rows view storage the caller holds for this call, n rows of k elements
+    // (checked above).
+    unsafe { super::gemm::stored_product(family, (m, n, k), &x[start..end], rows) }.map_err(candle_core::Error::msg)
+}
+
+/// A product's f32 result as an op's output.
+fn f32_output(y: Vec<f32>, m: usize, n: usize) -> (CpuStorage, Shape) {
+    (CpuStorage::F32(y), Shape::from((m, n)))
+}
+
+/// A frozen weight as [`stored_product`] reads it.
+pub(crate) enum StoredWeight<'a> {
+    Bf16(&'a [half::bf16], &'a Layout),
+    Q8_0(&'a [u8]),
+}
+
 struct Linear;
 
 impl CustomOp2 for Linear {
@@ -117,6 +155,12 @@ impl CustomOp2 for Linear {
     // y = x · Wᵀ: the product of x and W's transposed layout (a view, no copy). W is cast before
     // it is transposed, so the cast reads it in order.
     fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout, w: &CpuStorage, lw: &Layout) -> Result<(CpuStorage, Shape)> {
+        if let (CpuStorage::F32(xs), CpuStorage::BF16(ws)) = (x, w) {
+            let n = lw.shape().dims2()?.0;
+            if let Some(y) = stored_product(xs, lx, n, StoredWeight::Bf16(ws, lw))? {
+                return Ok(f32_output(y, lx.shape().dims2()?.0, n));
+            }
+        }
         if let Some((w, lw)) = in_dtype(w, lw, x.dtype())? {
             return self.cpu_fwd(x, lx, &w, &lw);
         }
@@ -207,6 +251,12 @@ impl CustomOp1 for QuantizedLinear {
     }
 
     fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout) -> Result<(CpuStorage, Shape)> {
+        if let (CpuStorage::F32(xs), GgmlDType::Q8_0) = (x, self.0.dtype()) {
+            let (bytes, n) = (self.0.data()?, self.0.shape().dims2()?.0);
+            if let Some(y) = stored_product(xs, lx, n, StoredWeight::Q8_0(&bytes))? {
+                return Ok(f32_output(y, lx.shape().dims2()?.0, n));
+            }
+        }
         let w = self.0.dequantize(&candle_core::Device::Cpu)?;
         let (storage, lw) = w.storage_and_layout();
         let Storage::Cpu(w) = &*storage else {
