@@ -76,11 +76,7 @@ fn blocks_for_threads_change_no_bit_of_the_product() {
                     };
                     let whole = run(1);
                     let want = naive(m, n, k, &a, &b);
-                    let base = |i: usize| if accumulate == Accumulate::Yes { start[i] } else { 0.0 };
-                    for (i, w) in want.iter().enumerate() {
-                        let w = base(i) + 0.5 * w;
-                        assert!((whole[i] - w).abs() <= 1e-4 * (1.0 + w.abs()), "{family:?} {m}x{n}x{k}");
-                    }
+                    assert_scaled_product(&whole, &want, &start, accumulate, 1e-4, &format!("{family:?} {m}x{n}x{k}"));
                     for threads in [2, 3, 8] {
                         let cut = run(threads);
                         assert!(
@@ -91,6 +87,14 @@ fn blocks_for_threads_change_no_bit_of_the_product() {
                 }
             }
         }
+    }
+}
+
+/// `got` is `[start +] 0.5 · want` (as `accumulate` says) within `tol` relative.
+fn assert_scaled_product(got: &[f32], want: &[f32], start: &[f32], accumulate: Accumulate, tol: f32, case: &str) {
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let w = if accumulate == Accumulate::Yes { start[i] } else { 0.0 } + 0.5 * w;
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{case}: {g} vs {w}");
     }
 }
 
@@ -117,10 +121,7 @@ fn a_dot_kernel_output_does_not_depend_on_the_rows_beside_it() {
                 let all = product(m);
                 let wt: Vec<f32> = (0..k * n).map(|i| w[(i % n) * k + i / n]).collect(); // (k, n)
                 let want = naive(m, n, k, &x, &wt);
-                for (i, (&got, &want)) in all.iter().zip(&want).enumerate() {
-                    let want = if accumulate == Accumulate::Yes { start[i] } else { 0.0 } + 0.5 * want;
-                    assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{family:?} {m}x{n}x{k}: {got} vs {want}");
-                }
+                assert_scaled_product(&all, &want, &start, accumulate, 1e-5, &format!("{family:?} {m}x{n}x{k}"));
                 for rows in 1..m {
                     let few = product(rows);
                     assert!(
