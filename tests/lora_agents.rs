@@ -1,8 +1,8 @@
 //! LoRA agents end to end on a tiny model: `collect` → `train-madpo` with `[agent_lora]` trains
 //! the adapters only (the base file untouched), saves each agent as a PEFT adapter directory that
 //! `eval` and `LoadedModel::load` read back (the trained agent differs from its base, a fresh one
-//! does not), and that PEFT loads to the same logits (with PBRL_REF_PYTHON); MARLHF (MAGRPO) and
-//! iterate train LoRA teams too; the actor-critic backends refuse them.
+//! does not), and that PEFT loads to the same logits (with PBRL_REF_PYTHON); MARLHF (MAGRPO and
+//! the actor-critic backends) and iterate train LoRA teams too.
 mod common;
 
 use common::{ok, pbrl};
@@ -98,10 +98,6 @@ fn a_lora_team_trains_its_adapters_and_saves_peft_adapters() {
     let o = pbrl(&["train-madpo", "--config", "c-full.toml", "num_train_epochs=2", "--resume"], d);
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && e.contains("is a LoRA adapter") && e.contains("whole models"), "{e}");
-    // MARLHF (MAGRPO) and iterate train LoRA teams too; the actor-critic backends refuse them.
-    let o = pbrl(&["train-marlhf", "--config", "c.toml", "--run-dir", "other", "rl_algorithm=iac"], d);
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && e.contains("do not train LoRA agents yet"), "{e}");
 }
 
 /// Adapters of their own shape per agent (`r`, `alpha`, `target_modules` as lists): each saved
@@ -137,7 +133,9 @@ fn each_agent_has_its_own_adapter_shape() {
 }
 
 /// MARLHF (MAGRPO) on a LoRA team, and `iterate` (2 rounds against the current team): adapters
-/// saved and trained, the round snapshots adapters too.
+/// saved and trained, the round snapshots adapters too. The actor-critic backends train LoRA
+/// actors beside whole critics, or with a value head on the LoRA actor (`use_separate_critic =
+/// false`: the head trains with the adapters and stays out of the saved adapter).
 #[test]
 fn marlhf_and_iterate_train_lora_teams() {
     let dir = tempfile::tempdir().unwrap();
@@ -147,15 +145,31 @@ fn marlhf_and_iterate_train_lora_teams() {
     ok(pbrl(&[&["collect", "--config", "c.toml"][..], &mh].concat(), d));
     ok(pbrl(&[&["fit-rm", "--config", "c.toml"][..], &mh].concat(), d));
     ok(pbrl(&[&["train-marlhf", "--config", "c.toml"][..], &mh].concat(), d));
+    let actor_critic: [(&str, &[&str]); 2] = [
+        ("iac", &["rl_algorithm=iac", "use_separate_critic=false", "value_head_hidden_dim=8"]),
+        ("maac", &["rl_algorithm=maac"]),
+    ];
+    for (run, keys) in actor_critic {
+        std::fs::create_dir_all(d.join(run)).unwrap();
+        for sub in ["preference_replay", "reward_model"] {
+            let status = std::process::Command::new("cp").arg("-r").arg(d.join("run").join(sub)).arg(d.join(run)).status();
+            assert!(status.unwrap().success());
+        }
+        ok(pbrl(&[&["train-marlhf", "--config", "c.toml", "--run-dir", run][..], &mh, keys].concat(), d));
+        let l = common::metric_values(&d.join(run), "marlhf/value_loss/agent_0");
+        assert!(!l.is_empty() && l.iter().all(|v| v.is_finite()), "{run}: the critic trained: {l:?}");
+    }
     ok(pbrl(&["iterate", "--config", "c.toml", "--run-dir", "it", "num_iterations=2"], d));
     let base = LoadedModel::load(d.join("tiny").to_str().unwrap(), &Device::Cpu).unwrap();
     let ids = [3u32, 8, 5, 9];
-    for run in ["run", "it"] {
+    for run in ["run", "iac", "maac", "it"] {
         let agent = d.join(run).join("agents/agent_1");
         let trained = LoadedModel::load(agent.to_str().unwrap(), &Device::Cpu).unwrap();
         assert!(trained.lora.is_some() && !agent.join("model.safetensors").exists(), "{run}: an adapter");
         let moved = common::max_abs_diff(&logits(&trained, &ids), &logits(&base, &ids));
         assert!(moved > 1e-6, "{run}: the adapters trained ({moved})");
+        let file = candle_core::safetensors::load(agent.join("adapter_model.safetensors"), &Device::Cpu).unwrap();
+        assert!(file.keys().all(|k| pbrl::model::lora::is_adapter_name(k)), "{run}: adapters only: {:?}", file.keys());
     }
 }
 

@@ -69,6 +69,11 @@ pub fn peft_name(projection: &str, which: &str) -> String {
     format!("base_model.model.{projection}.{which}.weight")
 }
 
+/// Whether `name` is one of PEFT's adapter matrix names ([`peft_name`]).
+pub fn is_adapter_name(name: &str) -> bool {
+    name.starts_with("base_model.model.") && (name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight"))
+}
+
 /// Attach a fresh adapter to every projection of `backbone` that `spec` targets, its variables
 /// created in `adapters` under PEFT's names (A drawn from `seed`, B zeros). Returns how many
 /// projections were adapted; none is an error (a typo in `target_modules`).
@@ -203,11 +208,13 @@ impl LoraAgent {
     }
 
     /// Write the adapter directory's two files into `dir`: the config and the adapters' values
-    /// (f32, PEFT's names, `{"format": "pt"}` metadata).
+    /// (f32, PEFT's names, `{"format": "pt"}` metadata). Other variables of the agent's map (an
+    /// actor-critic value head on the actor) are not part of the adapter and stay out.
     pub fn save(&self, dir: &Path, adapters: &VarMap) -> Result<()> {
         let tensors: Vec<(String, Tensor)> = {
             let data = adapters.data().lock().expect("the adapter map's lock");
             data.iter()
+                .filter(|(k, _)| is_adapter_name(k))
                 .map(|(k, v)| Ok((k.clone(), v.as_tensor().to_dtype(candle_core::DType::F32)?)))
                 .collect::<Result<_>>()?
         };

@@ -59,12 +59,6 @@ impl TrainReport {
 
 /// Train the team on the reward model in `reward_model/` and save it in `agents/`.
 pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainReport> {
-    if cfg.agent_lora.is_some() && !matches!(cfg.modes.marlhf, MarlhfBackend::PolicyGradient(_)) {
-        bail!(
-            "agent_lora: the actor-critic backends (iac, maac) do not train LoRA agents yet; choose a MAGRPO-family \
-             rl_algorithm (magrpo, mareinforce, maremax, marloo)"
-        );
-    }
     let backend = cfg.modes.marlhf;
     if cfg.modes.centralized && !matches!(backend, MarlhfBackend::PolicyGradient(_)) {
         bail!(
