@@ -34,6 +34,7 @@ pub mod purpose {
     pub const LORA_INIT: u64 = 16;
     pub const REWARD_LORA_INIT: u64 = 17;
     pub const ROUND_ITEMS: u64 = 18;
+    pub const LORA_DROPOUT: u64 = 19;
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Activation checkpointing (`gradient_checkpointing`): the recomputed backward pass gives the
 //! plain graph's loss and gradients, for a full fine-tune (every weight, the tied embeddings
 //! included) and for LoRA adapters (whose frozen embeddings leave the layers' input outside
-//! the graph). The stages with it: `tests/train_madpo.rs`.
+//! the graph), also with adapter dropout (the recomputation drops what the forward dropped).
+//! The stages with it: `tests/train_madpo.rs`.
 mod common;
 
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use pbrl::model::{Architecture, CausalLm, LoadedModel, Mode};
 
 /// The loss Σ logits · probe of `m`, and the gradient of each of `vars`.
 fn loss_and_grads(m: &CausalLm, vars: &[(String, Tensor)]) -> (f64, Vec<(String, Tensor)>) {
+    m.begin_dropout_step(1);
     let ids: Vec<Vec<u32>> = vec![vec![3, 9, 14, 27, 5, 8], vec![4, 11, 30, 2]];
     let batch = PaddedBatch::new(&ids, 0, Padding::Right, &Device::Cpu).unwrap();
     let y = m.forward(&batch.ids, &batch.positions, &batch.bias, None, Mode::Train).unwrap();
@@ -30,9 +32,20 @@ fn checkpointed_layers_give_the_plain_gradients() {
     let full = tiny_model(Architecture::Llama, true, 7, DType::F32).unwrap();
     let spec = LoraSpec { r: 4, alpha: 8.0, target_modules: ALL_LINEAR.map(String::from).to_vec(), use_rslora: false };
     let base = tiny_model(Architecture::Qwen2, false, 8, DType::F32).unwrap().into_frozen_base(FrozenStorage::F32);
-    let lora = LoadedModel::with_lora(&base.unwrap(), &spec, 3).unwrap();
+    let base = base.unwrap();
+    let lora = LoadedModel::with_lora(&base, &spec, 3).unwrap();
     common::set_vars_random(&lora.varmap, 11, 0.3);
-    for (case, model) in [("full fine-tune", full), ("LoRA", lora)] {
+    let mut dropped = LoadedModel::with_lora(&base, &spec, 3).unwrap();
+    common::set_vars_random(&dropped.varmap, 11, 0.3);
+    dropped.set_lora_dropout(0.3).unwrap();
+    let no_dropout_loss = loss_and_grads(&lora.model, &[]).0;
+    assert_ne!(loss_and_grads(&dropped.model, &[]).0, no_dropout_loss, "dropout acts in a training pass");
+    let infer = |m: &CausalLm| {
+        let batch = PaddedBatch::new(&[vec![3, 9, 14, 27]], 0, Padding::Right, &Device::Cpu).unwrap();
+        m.forward(&batch.ids, &batch.positions, &batch.bias, None, Mode::Infer).unwrap()
+    };
+    assert_eq!(common::max_abs_diff(&infer(&dropped.model), &infer(&lora.model)), 0.0, "and in no inference pass");
+    for (case, model) in [("full fine-tune", full), ("LoRA", lora), ("LoRA with dropout", dropped)] {
         let mut vars: Vec<(String, Tensor)> =
             model.varmap.data().lock().unwrap().iter().map(|(n, v)| (n.clone(), v.as_tensor().clone())).collect();
         vars.sort_by(|a, b| a.0.cmp(&b.0));

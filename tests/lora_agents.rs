@@ -152,7 +152,8 @@ fn marlhf_and_iterate_train_lora_teams() {
     for (run, keys) in actor_critic {
         std::fs::create_dir_all(d.join(run)).unwrap();
         for sub in ["preference_replay", "reward_model"] {
-            let status = std::process::Command::new("cp").arg("-r").arg(d.join("run").join(sub)).arg(d.join(run)).status();
+            let status =
+                std::process::Command::new("cp").arg("-r").arg(d.join("run").join(sub)).arg(d.join(run)).status();
             assert!(status.unwrap().success());
         }
         ok(pbrl(&[&["train-marlhf", "--config", "c.toml", "--run-dir", run][..], &mh, keys].concat(), d));
@@ -178,43 +179,44 @@ fn trained_spec() -> pbrl::model::lora::LoraSpec {
 }
 
 /// A LoRA run resumed for a second epoch ends with the adapters of an uninterrupted 2-epoch run,
-/// byte for byte (the checkpoint holds the adapters and their AdamW state only).
+/// byte for byte (the checkpoint holds the adapters and their AdamW state only), also with
+/// adapter dropout (its masks are keyed by the update, not by how the process got there), which
+/// trains other adapters and is recorded as the adapter's `lora_dropout`.
 #[test]
 fn a_resumed_lora_run_is_exact() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     setup(d);
     ok(pbrl(&["collect", "--config", "c.toml"], d));
-    for run in ["a", "b"] {
-        std::fs::create_dir_all(d.join(run)).unwrap();
-        let status =
-            std::process::Command::new("cp").arg("-r").arg(d.join("run/preference_replay")).arg(d.join(run)).status();
-        assert!(status.unwrap().success());
+    let adapter =
+        |run: &str, i: usize| std::fs::read(d.join(run).join(format!("agents/agent_{i}/adapter_model.safetensors")));
+    for (a, b, dropout) in [("a", "b", "agent_lora.dropout=0"), ("da", "db", "agent_lora.dropout=0.2")] {
+        for run in [a, b] {
+            std::fs::create_dir_all(d.join(run)).unwrap();
+            let status = std::process::Command::new("cp")
+                .arg("-r")
+                .arg(d.join("run/preference_replay"))
+                .arg(d.join(run))
+                .status();
+            assert!(status.unwrap().success());
+        }
+        let train = |run: &str, more: &[&str]| {
+            let args = [&["train-madpo", "--config", "c.toml", "--run-dir", run, dropout][..], more].concat();
+            ok(pbrl(&args, d));
+        };
+        train(a, &["num_train_epochs=2"]);
+        train(b, &["num_train_epochs=1", "checkpoint_interval=1"]);
+        train(b, &["num_train_epochs=2", "checkpoint_interval=1", "--resume"]);
+        let losses = |run: &str| common::metric_values(&d.join(run), "madpo/loss").len();
+        assert_eq!(losses(a), losses(b), "{dropout}: the resume trained the second epoch only");
+        for i in 0..2 {
+            assert!(adapter(a, i).unwrap() == adapter(b, i).unwrap(), "{dropout}: agent {i}");
+        }
     }
-    ok(pbrl(&["train-madpo", "--config", "c.toml", "--run-dir", "a", "num_train_epochs=2"], d));
-    ok(pbrl(
-        &["train-madpo", "--config", "c.toml", "--run-dir", "b", "num_train_epochs=1", "checkpoint_interval=1"],
-        d,
-    ));
-    ok(pbrl(
-        &[
-            "train-madpo",
-            "--config",
-            "c.toml",
-            "--run-dir",
-            "b",
-            "num_train_epochs=2",
-            "checkpoint_interval=1",
-            "--resume",
-        ],
-        d,
-    ));
-    let losses = |run: &str| common::metric_values(&d.join(run), "madpo/loss").len();
-    assert_eq!(losses("a"), losses("b"), "the resume trained the second epoch only");
-    for i in 0..2 {
-        let f = format!("agents/agent_{i}/adapter_model.safetensors");
-        assert!(std::fs::read(d.join("a").join(&f)).unwrap() == std::fs::read(d.join("b").join(&f)).unwrap(), "{f}");
-    }
+    assert!(adapter("a", 0).unwrap() != adapter("da", 0).unwrap(), "dropout trains other adapters");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("da/agents/agent_0/adapter_config.json")).unwrap()).unwrap();
+    assert_eq!(config["lora_dropout"].as_f64(), Some(0.2), "{config}");
 }
 
 /// `agent_lora.base_dtype`: LoRA agents over a bf16 base train end to end (collect, MADPO,

@@ -78,8 +78,12 @@ impl Default for RewardConfig {
 /// `target_modules` name, which is all that trains; its saved `agents/agent_i/` is a PEFT adapter
 /// (`adapter_config.json`, `adapter_model.safetensors`) over its source. PEFT's `LoraConfig`
 /// keys and meaning. `r`, `alpha`, `target_modules` and `use_rslora` take one value for every
-/// agent or a list with one per agent (as `max_new_tokens`). Every stage takes LoRA agents except
-/// the actor-critic MARLHF backends (`iac`, `maac`), which refuse them.
+/// agent or a list with one per agent (as `max_new_tokens`). Every stage and every MARLHF
+/// backend takes LoRA agents. The actor-critic backends' critics are what they are for whole
+/// agents: a separate critic (`iac`'s default, `maac`) is a whole model on `critic_model_name`
+/// (default: the agent's base) that trains all its weights; `use_separate_critic = false` puts
+/// the value head on the LoRA actor, where it trains with the adapters, is kept in the
+/// checkpoints and left out of the saved adapter.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentLora {
@@ -88,7 +92,9 @@ pub struct AgentLora {
     /// The scale numerator: the adapter's product is multiplied by alpha / r (alpha / √r with
     /// `use_rslora`); or one per agent.
     pub alpha: PerActor<f64>,
-    /// Dropout on the adapter's input; only 0 is implemented (another value is refused).
+    /// Dropout on the adapters' inputs in training passes (PEFT's `lora_dropout`), in [0, 1):
+    /// each input element an adapter reads is dropped with this probability and the rest
+    /// scaled by 1 / (1 − dropout); the frozen base reads its input whole.
     pub dropout: f64,
     /// The projections that get adapters: names among q_proj, k_proj, v_proj, o_proj, gate_proj,
     /// up_proj, down_proj, or "all-linear" (or ["all-linear"]) for all of them, as PEFT takes it;
@@ -190,8 +196,8 @@ impl AgentLora {
         if self.alpha.values().iter().any(|a| !(**a > 0.0 && a.is_finite())) {
             return bad(format!("{key}.alpha must be > 0."));
         }
-        if self.dropout != 0.0 {
-            return bad(format!("{key}.dropout: only 0 is implemented (pbrl applies no dropout to the adapters)."));
+        if !(0.0..1.0).contains(&self.dropout) {
+            return bad(format!("{key}.dropout must be in [0, 1)."));
         }
         for Modules(modules) in self.target_modules.values() {
             if modules.is_empty() {

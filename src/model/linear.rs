@@ -82,12 +82,23 @@ impl Linear {
         self.lora = None;
     }
 
+    /// The adapter, to change its settings.
+    pub fn lora_mut(&mut self) -> Option<&mut LoraAdapter> {
+        self.lora.as_mut()
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_in_pass(x, None)
+    }
+
+    /// The layer in a pass whose adapter dropout is keyed `pass` (`dropout.rs`; `None`: an
+    /// inference pass, or no dropout).
+    pub fn forward_in_pass(&self, x: &Tensor, pass: Option<u64>) -> Result<Tensor> {
         if x.rank() != 2 {
             // Apply to a 2-D view, then restore the leading dimensions.
             let dims = x.dims();
             let in_dim = *dims.last().expect("linear input has at least one dim");
-            let y = self.forward(&x.reshape(((), in_dim))?)?;
+            let y = self.forward_in_pass(&x.reshape(((), in_dim))?, pass)?;
             let mut out = dims[..dims.len() - 1].to_vec();
             out.push(y.dim(1)?);
             return Ok(y.reshape(out)?);
@@ -96,7 +107,7 @@ impl Linear {
         // elsewhere the adapter's term is added to the base's as candle ops.
         let fused = self.lora.as_ref().filter(|lora| ops::lora_fuses(x, &self.weight, &lora.a, &lora.b));
         let y = match (fused, &self.weight) {
-            (Some(lora), w) => ops::lora_linear(x, w, &lora.a, &lora.b, lora.scaling)?,
+            (Some(lora), w) => ops::lora_linear(x, w, &lora.a, &lora.b, lora.scaling, lora.dropout_key(pass))?,
             (None, BaseWeight::Dense(w)) => ops::linear(x, w)?,
             (None, BaseWeight::Quantized(q)) => ops::quantized_linear(x, q)?,
         };
@@ -105,7 +116,7 @@ impl Linear {
             None => y,
         };
         match (&self.lora, fused) {
-            (Some(lora), None) => Ok((y + lora.delta(x)?)?),
+            (Some(lora), None) => Ok((y + lora.delta(x, pass)?)?),
             _ => Ok(y),
         }
     }

@@ -127,7 +127,7 @@ impl LoadedModel {
         let mut model = base.frozen()?;
         let varmap = VarMap::new();
         attach(&mut model.backbone, spec, &varmap, seed)?;
-        let lora = Some(LoraAgent { spec: spec.clone(), base: base.source.clone() });
+        let lora = Some(LoraAgent { spec: spec.clone(), base: base.source.clone(), dropout: 0.0 });
         Ok(Self {
             model,
             varmap,
@@ -156,6 +156,15 @@ impl LoadedModel {
         load_values(&m.varmap, &values).with_context(|| format!("{}", path.display()))?;
         m.source = dir.to_string();
         Ok(m)
+    }
+
+    /// Train this LoRA agent's adapters with dropout `p` on their inputs (`lora::set_dropout`);
+    /// its saved adapter records it as `lora_dropout`.
+    pub fn set_lora_dropout(&mut self, p: f64) -> Result<()> {
+        let lora = self.lora.as_mut().context("only a LoRA agent's adapters take a dropout")?;
+        super::lora::set_dropout(&mut self.model.backbone, p)?;
+        lora.dropout = p;
+        Ok(())
     }
 
     /// A LoRA agent's base, the agent with its adapters off (sharing the base's storage, frozen

@@ -16,6 +16,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 
+use super::dropout::{self, AdapterDropout, DropoutStream};
 use super::ops;
 use super::transformer::Backbone;
 
@@ -55,12 +56,30 @@ pub struct LoraAdapter {
     /// (out, r)
     pub b: Tensor,
     pub scaling: f64,
+    /// Dropout on the adapter's input in training passes (`dropout.rs`); `None`: none.
+    pub dropout: Option<AdapterDropout>,
 }
 
 impl LoraAdapter {
-    /// `s · (x Aᵀ) Bᵀ` for 2-D `x` (rows, in).
-    pub fn delta(&self, x: &Tensor) -> Result<Tensor> {
-        Ok((ops::linear(&ops::linear(x, &self.a)?, &self.b)? * self.scaling)?)
+    /// `s · (dropout(x) Aᵀ) Bᵀ` for 2-D `x` (rows, in); `pass`: the training pass's dropout
+    /// key (`None` in inference passes, which drop nothing).
+    pub fn delta(&self, x: &Tensor, pass: Option<u64>) -> Result<Tensor> {
+        let x = match self.dropout_key(pass) {
+            Some((p, key)) => {
+                let (rows, cols) = x.dims2()?;
+                let mask = Tensor::from_vec(dropout::mask(key, rows, cols, p), (rows, cols), x.device())?;
+                (x * mask.to_dtype(x.dtype())?)?
+            }
+            None => x.clone(),
+        };
+        Ok((ops::linear(&ops::linear(&x, &self.a)?, &self.b)? * self.scaling)?)
+    }
+
+    /// The dropout probability and mask key of this adapter in the training pass `pass`, if it
+    /// drops anything there.
+    pub fn dropout_key(&self, pass: Option<u64>) -> Option<(f32, u64)> {
+        let (d, pass) = (self.dropout?, pass?);
+        (d.p > 0.0).then(|| (d.p, d.key(pass)))
     }
 }
 
@@ -95,13 +114,29 @@ pub fn attach(backbone: &mut Backbone, spec: &LoraSpec, adapters: &VarMap, seed:
         let b = Tensor::zeros((out, spec.r), dtype, &device)?;
         let a = register(adapters, &peft_name(&name, "lora_A"), a)?;
         let b = register(adapters, &peft_name(&name, "lora_B"), b)?;
-        proj.set_lora(LoraAdapter { a, b, scaling: spec.scaling() });
+        proj.set_lora(LoraAdapter { a, b, scaling: spec.scaling(), dropout: None });
         adapted += 1;
     }
     if adapted == 0 {
         bail!("LoRA target_modules {:?} name no projection of this model (e.g. {ALL_LINEAR:?})", spec.target_modules);
     }
     Ok(adapted)
+}
+
+/// Drop each input element of every adapter of `backbone` with probability `p` in training
+/// passes (PEFT's `lora_dropout`; 0: no dropout). Each projection's masks are keyed by its place
+/// in the model, each pass's by the backbone's [`DropoutStream`].
+pub fn set_dropout(backbone: &mut Backbone, p: f64) -> Result<()> {
+    if !(0.0..1.0).contains(&p) {
+        bail!("a LoRA dropout must be in [0, 1), not {p}");
+    }
+    for (i, (_, proj)) in backbone.projections_mut().into_iter().enumerate() {
+        if let Some(adapter) = proj.lora_mut() {
+            adapter.dropout = (p > 0.0).then_some(AdapterDropout { p: p as f32, projection: i as u64 });
+        }
+    }
+    backbone.dropout = (p > 0.0).then(|| std::sync::Arc::new(DropoutStream::default()));
+    Ok(())
 }
 
 /// `value` as a variable of `map` under `name`, and the tensor the model reads.
@@ -135,6 +170,9 @@ pub struct LoraAgent {
     pub spec: LoraSpec,
     /// The base model's source (`base_model_name_or_path`).
     pub base: String,
+    /// The dropout its adapters train with (`lora_dropout`): a training setting, which the
+    /// adapter's config records and which does not change what the adapter computes.
+    pub dropout: f64,
 }
 
 impl LoraAgent {
@@ -146,7 +184,7 @@ impl LoraAgent {
             "base_model_name_or_path": self.base,
             "r": self.spec.r,
             "lora_alpha": self.spec.alpha,
-            "lora_dropout": 0.0,
+            "lora_dropout": self.dropout,
             "target_modules": self.spec.target_modules,
             "use_rslora": self.spec.use_rslora,
             "bias": "none",
@@ -204,7 +242,13 @@ impl LoraAgent {
             .ok_or_else(|| fail("`base_model_name_or_path` is missing"))?
             .to_string();
         let use_rslora = v["use_rslora"].as_bool().unwrap_or(false);
-        Ok(Self { spec: LoraSpec { r, alpha, target_modules, use_rslora }, base })
+        let dropout = match &v["lora_dropout"] {
+            Value::Null => 0.0,
+            d => {
+                d.as_f64().filter(|d| (0.0..1.0).contains(d)).ok_or_else(|| fail("`lora_dropout` must be in [0, 1)"))?
+            }
+        };
+        Ok(Self { spec: LoraSpec { r, alpha, target_modules, use_rslora }, base, dropout })
     }
 
     /// Write the adapter directory's two files into `dir`: the config and the adapters' values

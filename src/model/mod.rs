@@ -4,6 +4,7 @@ pub mod batch;
 pub mod chat_template;
 pub mod checkpoint;
 pub mod config;
+pub mod dropout;
 pub mod gemm;
 pub mod heads;
 pub mod kv_cache;

@@ -14,6 +14,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
 use super::config::ModelConfig;
+use super::dropout::DropoutStream;
 use super::kv_cache::{KvCache, LayerKv};
 use super::linear::{FrozenStorage, Linear};
 use super::ops;
@@ -173,10 +174,10 @@ impl Attention {
         rope: &RopeSlice,
         bias: &Tensor,
         cache: Option<(&mut Option<LayerKv>, usize)>,
-        mode: Mode,
+        (mode, pass): (Mode, Option<u64>),
     ) -> Result<Tensor> {
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let (mut q, mut k) = (self.q_proj.forward(x)?, self.k_proj.forward(x)?);
+        let (mut q, mut k) = (self.q_proj.forward_in_pass(x, pass)?, self.k_proj.forward_in_pass(x, pass)?);
         if let Some((qn, kn)) = &self.qk_norm {
             // Rows of one head each: (b·s·n, d), normalised, back to (b·s, n·d).
             q = qn.forward(&q.reshape(((), hd))?, mode)?.reshape((b * s, nh * hd))?;
@@ -184,7 +185,7 @@ impl Attention {
         }
         let q = rope.heads(&q, b, s, nh, hd, true, mode)?;
         let mut k = rope.heads(&k, b, s, nkv, hd, true, mode)?;
-        let mut v = rope.heads(&self.v_proj.forward(x)?, b, s, nkv, hd, false, mode)?;
+        let mut v = rope.heads(&self.v_proj.forward_in_pass(x, pass)?, b, s, nkv, hd, false, mode)?;
         if let Some((slot, capacity)) = cache {
             (k, v) = LayerKv::append(slot, k, v, capacity)?;
         }
@@ -206,7 +207,7 @@ impl Attention {
             Mode::Train => ops::merge_heads(&y.reshape((b, nh, s, hd))?)?,
             Mode::Infer => y.reshape((b, nh, s, hd))?.transpose(1, 2)?.reshape((b * s, nh * hd))?,
         };
-        self.o_proj.forward(&y)
+        self.o_proj.forward_in_pass(&y, pass)
     }
 }
 
@@ -227,9 +228,9 @@ impl Mlp {
         })
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gated = ops::silu_mul(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?;
-        self.down_proj.forward(&gated)
+    fn forward(&self, x: &Tensor, pass: Option<u64>) -> Result<Tensor> {
+        let (gate, up) = (self.gate_proj.forward_in_pass(x, pass)?, self.up_proj.forward_in_pass(x, pass)?);
+        self.down_proj.forward_in_pass(&ops::silu_mul(&gate, &up)?, pass)
     }
 }
 
@@ -259,12 +260,12 @@ impl DecoderLayer {
         rope: &RopeSlice,
         bias: &Tensor,
         cache: Option<(&mut Option<LayerKv>, usize)>,
-        mode: Mode,
+        (mode, pass): (Mode, Option<u64>),
     ) -> Result<Tensor> {
         let h = self.input_layernorm.forward(x, mode)?;
-        let x = (x + self.self_attn.forward(&h, shape, rope, bias, cache, mode)?)?;
+        let x = (x + self.self_attn.forward(&h, shape, rope, bias, cache, (mode, pass))?)?;
         let h = self.post_attention_layernorm.forward(&x, mode)?;
-        Ok((&x + self.mlp.forward(&h)?)?)
+        Ok((&x + self.mlp.forward(&h, pass)?)?)
     }
 }
 
@@ -285,6 +286,9 @@ pub struct Backbone {
     /// (`gradient_checkpointing`): the trained variables whose gradients the recomputation
     /// hands on (`checkpoint.rs`); `None`: every activation kept.
     pub checkpoint: Option<std::sync::Arc<Vec<Tensor>>>,
+    /// The training passes' keys for the adapters' dropout (`lora::set_dropout`); `None`: no
+    /// adapter drops anything.
+    pub dropout: Option<std::sync::Arc<DropoutStream>>,
 }
 
 impl Backbone {
@@ -297,7 +301,16 @@ impl Backbone {
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::load(&m, cfg.hidden_size, "norm", cfg.rms_norm_eps)?;
         let rotary = RotaryEmbedding::new(cfg, vb.dtype(), vb.device())?;
-        Ok(Self { config: cfg.clone(), dtype: vb.dtype(), embed_tokens, layers, norm, rotary, checkpoint: None })
+        Ok(Self {
+            config: cfg.clone(),
+            dtype: vb.dtype(),
+            embed_tokens,
+            layers,
+            norm,
+            rotary,
+            checkpoint: None,
+            dropout: None,
+        })
     }
 
     pub fn device(&self) -> &Device {
@@ -319,6 +332,13 @@ impl Backbone {
             proj.store_frozen(storage, &name)?;
         }
         Ok(())
+    }
+
+    /// Start a training step for the adapters' dropout: its passes are keyed by `key`.
+    pub fn begin_dropout_step(&self, key: u64) {
+        if let Some(d) = &self.dropout {
+            d.begin_step(key);
+        }
     }
 
     /// Every projection of the decoder layers with its Hugging Face name
@@ -380,11 +400,18 @@ impl Backbone {
         if let (Mode::Train, Some(pad)) = (mode, self.config.pad_token_id) {
             x = ops::detach_rows_of(&x, &flat, pad)?;
         }
+        // A training pass draws its adapter-dropout key here; the recomputation of a checkpointed
+        // stack reuses it, so it drops what the forward pass dropped.
+        let pass = match mode {
+            Mode::Train => self.dropout.as_ref().map(|d| d.next_pass()),
+            Mode::Infer => None,
+        };
         match (&self.checkpoint, mode, cache.is_none()) {
             (Some(params), Mode::Train, true) => {
                 let (layers, bias) = (self.layers.clone(), bias.clone());
                 let f = move |l: usize, h: &Tensor| {
-                    layers[l].forward(h, (b, s), &rope, &bias, None, Mode::Train).map_err(candle_core::Error::wrap)
+                    let train = (Mode::Train, pass);
+                    layers[l].forward(h, (b, s), &rope, &bias, None, train).map_err(candle_core::Error::wrap)
                 };
                 x = super::checkpoint::checkpointed(&x, self.layers.len(), std::sync::Arc::new(f), params.clone())?;
             }
@@ -392,7 +419,7 @@ impl Backbone {
                 for (i, layer) in self.layers.iter().enumerate() {
                     let slot = cache.as_deref_mut().map(|c| (&mut c.layers[i], c.capacity));
                     // Each layer's activations are freed as soon as the next layer has its output.
-                    x = without_graph(layer.forward(&x, (b, s), &rope, bias, slot, mode)?, mode);
+                    x = without_graph(layer.forward(&x, (b, s), &rope, bias, slot, (mode, pass))?, mode);
                 }
             }
         }
@@ -461,6 +488,7 @@ impl CausalLm {
         for (_, proj) in base.backbone.projections_mut() {
             proj.clear_lora();
         }
+        base.backbone.dropout = None;
         base
     }
 

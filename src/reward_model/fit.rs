@@ -183,7 +183,9 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
                 let (r, alpha, target_modules, use_rslora) = lora.shape_of(0);
                 let base = b.into_frozen_base(frozen_storage(Some(lora.base_dtype)))?;
                 let spec = LoraSpec { r, alpha, target_modules, use_rslora };
-                LoadedModel::with_lora(&base, &spec, derive_seed(cfg.seed, &[purpose::REWARD_LORA_INIT]))
+                let mut rm = LoadedModel::with_lora(&base, &spec, derive_seed(cfg.seed, &[purpose::REWARD_LORA_INIT]))?;
+                rm.set_lora_dropout(lora.dropout)?;
+                Ok(rm)
             }
             None if cfg.reward_freeze_backbone => b.stored(frozen_storage(cfg.frozen_dtype)),
             None => Ok(b),

@@ -205,11 +205,17 @@ pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
     load_members(cfg, run_dir, &Members::Current)
 }
 
-/// The run's current team to train: its layers checkpointed when `gradient_checkpointing` asks.
+/// The run's current team to train: its layers checkpointed when `gradient_checkpointing` asks,
+/// LoRA agents' adapters with `agent_lora.dropout`.
 pub fn load_training_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
     let mut team = load_team(cfg, run_dir)?;
     if cfg.gradient_checkpointing {
         team.iter_mut().for_each(|a| a.model.checkpoint_layers());
+    }
+    if let Some(lora) = &cfg.agent_lora {
+        for a in team.iter_mut() {
+            a.model.set_lora_dropout(lora.dropout)?;
+        }
     }
     Ok(team)
 }

@@ -296,6 +296,13 @@ impl<'a> Session<'a> {
                 if !cfg.lr_scheduler_type.is_constant() {
                     metrics["lr_factor"] = json!(factor);
                 }
+                // The update's adapter-dropout masks: a function of the seed, the stage, the
+                // rounds it trains on, the model and the update (`model::dropout`).
+                let salt = stage_salt(self.stage, &self.progress.rounds);
+                for (i, m) in self.models.iter().enumerate() {
+                    let path = [purpose::LORA_DROPOUT, salt, i as u64, self.progress.updates];
+                    m.model.begin_dropout_step(derive_seed(cfg.seed, &path));
+                }
                 let progress = &mut self.progress;
                 let update_started = std::time::Instant::now();
                 let mut ctx = Step {
@@ -420,6 +427,13 @@ impl Session<'_> {
         // The last agents stay available (`pbrl eval --team <run_dir>/final_agents`).
         save_team_to(&self.run_dir.final_agents(), &self.team_models(), &self.cfg.sampling(), None)
     }
+}
+
+/// A number for a stage and the rounds it trains on (an `iterate` round's training draws other
+/// dropout masks than the round before it).
+fn stage_salt(stage: &str, rounds: &[u32]) -> u64 {
+    let stage = stage.bytes().fold(0u64, |h, b| derive_seed(h, &[b as u64]));
+    rounds.iter().fold(stage, |h, &r| derive_seed(h, &[r as u64]))
 }
 
 /// Every weight of a model, by name (the team's optimizers update them all).

@@ -14,6 +14,10 @@
 //!   dX = G W + s · v A       (rows, in)    W gets no gradient: it is frozen
 //! ```
 //!
+//! With adapter dropout (`dropout.rs`) the adapter reads X ⊙ M for the mask M of the pass, so
+//! X is replaced by X ⊙ M in `dA` and `dB`, and the adapter's term of dX is `s · (v A) ⊙ M`; the
+//! mask is made again from its key in the backward pass, not kept.
+//!
 //! f32 on the CPU only; elsewhere (and for a weight that trains) `linear.rs` keeps the
 //! composition, which computes the same values up to the order of the sums.
 use std::sync::Arc;
@@ -21,6 +25,7 @@ use std::sync::Arc;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor};
 
+use super::super::dropout;
 use super::super::gemm::{gemm_into, kernel_choice, matmul, Accumulate, Operand};
 use super::{contiguous_slice, StoredWeight};
 
@@ -77,14 +82,39 @@ pub fn lora_fuses(x: &Tensor, w: &BaseWeight, a: &Tensor, b: &Tensor) -> bool {
 }
 
 /// `x Wᵀ + scaling · (x Aᵀ) Bᵀ` for 2-D x (rows, in), a frozen W (out, in), A (r, in) and
-/// B (out, r); see [`lora_fuses`] for where it applies.
-pub fn lora_linear(x: &Tensor, w: &BaseWeight, a: &Tensor, b: &Tensor, scaling: f64) -> Result<Tensor> {
-    x.contiguous()?.apply_op3(&a.contiguous()?, &b.contiguous()?, LoraLinear { w: w.clone(), scaling: scaling as f32 })
+/// B (out, r); with `dropout` = (p, key), the adapter reads `x ⊙ dropout::mask(key, …, p)`. See
+/// [`lora_fuses`] for where it applies.
+pub fn lora_linear(
+    x: &Tensor,
+    w: &BaseWeight,
+    a: &Tensor,
+    b: &Tensor,
+    scaling: f64,
+    dropout: Option<(f32, u64)>,
+) -> Result<Tensor> {
+    let op = LoraLinear { w: w.clone(), scaling: scaling as f32, dropout };
+    x.contiguous()?.apply_op3(&a.contiguous()?, &b.contiguous()?, op)
 }
 
 struct LoraLinear {
     w: BaseWeight,
     scaling: f32,
+    dropout: Option<(f32, u64)>,
+}
+
+impl LoraLinear {
+    /// The mask of the adapter's input, (rows, in), when it has dropout.
+    fn mask(&self, rows: usize, inp: usize) -> Option<Vec<f32>> {
+        self.dropout.map(|(p, key)| dropout::mask(key, rows, inp, p))
+    }
+}
+
+/// `x ⊙ mask`, or `x` itself without a mask.
+fn masked<'a>(x: &'a [f32], mask: Option<&[f32]>) -> std::borrow::Cow<'a, [f32]> {
+    match mask {
+        Some(m) => x.iter().zip(m).map(|(x, m)| x * m).collect::<Vec<f32>>().into(),
+        None => x.into(),
+    }
 }
 
 fn f32s<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
@@ -134,7 +164,8 @@ impl CustomOp3 for LoraLinear {
                 y
             }
         };
-        let x = Operand::row_major(x, inp);
+        let x = masked(x, self.mask(m, inp).as_deref());
+        let x = Operand::row_major(&x, inp);
         let u = matmul(choice.family(m, r), m, r, inp, x, Operand::transposed(a, inp)).map_err(gemm_error)?;
         let (u, bt) = (Operand::row_major(&u, r), Operand::transposed(b, r));
         gemm_into(choice.family(m, out), (m, out, r), &mut y, Accumulate::Yes, self.scaling, u, bt)
@@ -156,7 +187,10 @@ impl CustomOp3 for LoraLinear {
         let ((g_storage, g_layout), (x_storage, x_layout)) = (g.storage_and_layout(), x.storage_and_layout());
         let ((a_storage, a_layout), (b_storage, b_layout)) = (a.storage_and_layout(), b.storage_and_layout());
         let g_rows = Operand::row_major(cpu_f32s(&g_storage, g_layout, "lora output gradient")?, out);
-        let x_rows = Operand::row_major(cpu_f32s(&x_storage, x_layout, "lora x")?, inp);
+        // What the adapter read: x, or x ⊙ M under dropout.
+        let mask = self.mask(m, inp);
+        let x_read = masked(cpu_f32s(&x_storage, x_layout, "lora x")?, mask.as_deref());
+        let x_rows = Operand::row_major(&x_read, inp);
         let a_rows = Operand::row_major(cpu_f32s(&a_storage, a_layout, "lora_A")?, inp);
         let b_rows = Operand::row_major(cpu_f32s(&b_storage, b_layout, "lora_B")?, r);
         let v = matmul(choice.family(m, r), m, r, out, g_rows, b_rows).map_err(gemm_error)?;
@@ -186,7 +220,15 @@ impl CustomOp3 for LoraLinear {
             let (family, v) = (choice.family(m, inp), Operand::row_major(&v, r));
             let mut dx = vec![0f32; m * inp];
             gemm_into(family, (m, inp, out), &mut dx, Accumulate::No, 1.0, g_rows, w_rows).map_err(gemm_error)?;
-            gemm_into(family, (m, inp, r), &mut dx, Accumulate::Yes, s, v, a_rows).map_err(gemm_error)?;
+            match &mask {
+                // The adapter's term reaches only the inputs it read.
+                Some(mask) => {
+                    let mut adapter = vec![0f32; m * inp];
+                    gemm_into(family, (m, inp, r), &mut adapter, Accumulate::No, s, v, a_rows).map_err(gemm_error)?;
+                    dx.iter_mut().zip(adapter.iter().zip(mask)).for_each(|(d, (t, m))| *d += t * m);
+                }
+                None => gemm_into(family, (m, inp, r), &mut dx, Accumulate::Yes, s, v, a_rows).map_err(gemm_error)?,
+            }
             Some(cpu(dx, (m, inp))?)
         } else {
             None

@@ -159,7 +159,9 @@ fn frozen_bf16_and_q8_0_weights_give_the_f32_product_of_the_stored_values() {
 
 /// The fused LoRA projection (f32) against the composition in f64 over the same stored base:
 /// the value and the gradients of x, A and B, for f32, bf16 and q8_0 bases, below and above
-/// the wide-kernel threshold; with x outside the graph it gets no gradient and A, B the same.
+/// the wide-kernel threshold, with and without adapter dropout (the composition reading
+/// `x ⊙ mask` in the adapter's term); with x outside the graph it gets no gradient and A, B the
+/// same.
 #[test]
 fn the_fused_lora_projection_matches_the_composition() {
     use candle_core::quantized::{GgmlDType, QTensor};
@@ -176,7 +178,11 @@ fn the_fused_lora_projection_matches_the_composition() {
             ("bf16", BaseWeight::Dense(bf16.clone()), f64s(&bf16)),
             ("q8_0", BaseWeight::Quantized(q.clone()), f64s(&q.dequantize(&Device::Cpu).unwrap())),
         ];
-        for (name, base, stored) in bases {
+        let cases = bases.iter().flat_map(|b| [(b, None), (b, Some((0.3f32, 77u64)))]);
+        for ((name, base, stored), dropout) in cases {
+            let mask = dropout.map(|(p, key)| {
+                Tensor::from_vec(crate::model::dropout::mask(key, m, inp, p), (m, inp), &Device::Cpu).unwrap()
+            });
             for track_x in [true, false] {
                 let run = |fused: bool| {
                     let dtype = if fused { DType::F32 } else { DType::F64 };
@@ -184,11 +190,15 @@ fn the_fused_lora_projection_matches_the_composition() {
                     let (xv, av, bv) = [&x, &a, &b].map(|t| Var::from_tensor(&cast(t)).unwrap()).into();
                     let xt = if track_x { xv.as_tensor().clone() } else { cast(&x) };
                     let y = if fused {
-                        assert!(lora_fuses(&xt, &base, &av, &bv), "{name}: the fused op applies");
-                        lora_linear(&xt, &base, &av, &bv, s).unwrap()
+                        assert!(lora_fuses(&xt, base, &av, &bv), "{name}: the fused op applies");
+                        lora_linear(&xt, base, &av, &bv, s, dropout).unwrap()
                     } else {
+                        let read = match &mask {
+                            Some(mask) => (&xt * cast(mask)).unwrap(),
+                            None => xt.clone(),
+                        };
                         let delta =
-                            (xt.matmul(&av.t().unwrap()).unwrap().matmul(&bv.t().unwrap()).unwrap() * s).unwrap();
+                            (read.matmul(&av.t().unwrap()).unwrap().matmul(&bv.t().unwrap()).unwrap() * s).unwrap();
                         (xt.matmul(&stored.t().unwrap()).unwrap() + delta).unwrap()
                     };
                     let grads = (&y * &cast(&probe)).unwrap().sum_all().unwrap().backward().unwrap();
@@ -196,7 +206,7 @@ fn the_fused_lora_projection_matches_the_composition() {
                     (f64s(&y), dx, f64s(grads.get(&av).unwrap()), f64s(grads.get(&bv).unwrap()))
                 };
                 let ((y, dx, da, db), (y_ref, dx_ref, da_ref, db_ref)) = (run(true), run(false));
-                let case = format!("{name} {m}x{out}x{inp} r {r}, x tracked {track_x}");
+                let case = format!("{name} {m}x{out}x{inp} r {r}, dropout {dropout:?}, x tracked {track_x}");
                 assert_eq!(dx.is_some(), track_x, "{case}: dX only for a tracked x");
                 if let (Some(dx), Some(dx_ref)) = (&dx, &dx_ref) {
                     assert!(max_diff(dx, dx_ref) < 1e-4, "{case}: dX differs by {}", max_diff(dx, dx_ref));
