@@ -5,6 +5,7 @@
 //!   cargo bench --bench runtime -- sample|train|gemm --model M.gguf --out result.json [--steps N] [--device cuda:0]
 //!     [--lora R]   (train: adapters of rank R on a frozen base instead of full fine-tuning)
 //!     [--base-dtype f32|bf16|q8_0]   (with --lora: how the frozen base stores its matrices)
+//!     [--lora-dropout P]   (with --lora: dropout on the adapters' inputs)
 //!
 //! train: B = 4 × 128 tokens (2 pairs of chosen/rejected, ~48-token ChatML prompts), forward +
 //! completion log-probs + a DPO-style loss + backward + AdamW; the median of `steps` steps after
@@ -76,7 +77,7 @@ fn train_rows(m: &LoadedModel) -> Result<Vec<ScoreRow>> {
     Ok(rows)
 }
 
-fn bench_train(m: LoadedModel, lora: Option<(usize, FrozenStorage)>, steps: usize) -> Result<serde_json::Value> {
+fn bench_train(m: LoadedModel, lora: Option<(usize, FrozenStorage, f64)>, steps: usize) -> Result<serde_json::Value> {
     let rows = train_rows(&m)?;
     let dev = m.model.device().clone();
     eprintln!("loaded: peak RSS {:.0} MiB", peak_rss_mib());
@@ -84,12 +85,15 @@ fn bench_train(m: LoadedModel, lora: Option<(usize, FrozenStorage)>, steps: usiz
         map.data().lock().expect("lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     };
     // Full fine-tuning trains every weight; with --lora R, a LoRA agent as pbrl builds one:
-    // adapters of rank R (alpha 2R) on every projection of the frozen base, stored as asked.
+    // adapters of rank R (alpha 2R) on every projection of the frozen base, stored as asked,
+    // with --lora-dropout P on their inputs.
     let m = match lora {
-        Some((r, storage)) => {
+        Some((r, storage, dropout)) => {
             let targets = ALL_LINEAR.map(String::from).to_vec();
             let spec = LoraSpec { r, alpha: 2.0 * r as f64, target_modules: targets, use_rslora: false };
-            LoadedModel::with_lora(&m.into_frozen_base(storage)?, &spec, 0)?
+            let mut m = LoadedModel::with_lora(&m.into_frozen_base(storage)?, &spec, 0)?;
+            m.set_lora_dropout(dropout)?;
+            m
         }
         None => m,
     };
@@ -201,7 +205,9 @@ fn main() -> Result<()> {
                 Some("q8_0") => FrozenStorage::Q8_0,
                 Some(other) => anyhow::bail!("--base-dtype {other}: use f32, bf16 or q8_0"),
             };
-            bench_train(LoadedModel::load(&model, &device)?, lora.map(|r| (r, storage)), steps)?
+            let dropout =
+                arg(&args, "--lora-dropout").map(|p| p.parse::<f64>()).transpose().context("--lora-dropout P")?;
+            bench_train(LoadedModel::load(&model, &device)?, lora.map(|r| (r, storage, dropout.unwrap_or(0.0))), steps)?
         }
         _ => bench_sample(&LoadedModel::load(&model, &device)?)?,
     };

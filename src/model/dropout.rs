@@ -49,28 +49,62 @@ impl AdapterDropout {
     }
 }
 
-/// splitmix64's output step.
-fn splitmix(z: u64) -> u64 {
-    let z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// murmur3's 32-bit finalizer: a bijective, well-avalanched hash step.
+#[inline(always)]
+fn fmix32(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85EB_CA6B);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xC2B2_AE35);
+    h ^ (h >> 16)
 }
 
-/// The mask of key `key` over `rows × cols` inputs, row-major: each element 0 (dropped, with
-/// probability `p`) or 1/(1 − p). Each 64-bit draw decides two elements (32 bits each).
-pub fn mask(key: u64, rows: usize, cols: usize, p: f32) -> Vec<f32> {
+/// One row scaled by its mask: element j's draw is `fmix32(j · φ ⊕ seed)`, distinct for every j
+/// of the row (both steps are bijections of u32), dropped when below `threshold`.
+#[inline(always)]
+fn scale_row(seed: u32, row: &mut [f32], threshold: u64, keep: f32) {
+    for (j, v) in row.iter_mut().enumerate() {
+        let draw = fmix32((j as u32).wrapping_mul(0x9E37_79B9) ^ seed);
+        *v *= if (draw as u64) < threshold { 0.0 } else { keep };
+    }
+}
+
+/// [`scale_row`] compiled for AVX2, where the CPU has it: the loop runs 8 elements at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn scale_row_avx2(seed: u32, row: &mut [f32], threshold: u64, keep: f32) {
+    scale_row(seed, row, threshold, keep)
+}
+
+/// Scale `values` (rows of `cols`, row-major) by the mask of key `key` in place: each element
+/// is dropped (0, with probability `p`) or multiplied by 1/(1 − p). Row i's mask depends on the
+/// key and i only. Rows are shared out over the pool's threads.
+pub fn apply(key: u64, values: &mut [f32], cols: usize, p: f32) {
+    const ROWS_PER_TASK: usize = 16;
     let threshold = (p as f64 * 4_294_967_296.0) as u64; // dropped when a 32-bit draw is below it
     let keep = 1.0 / (1.0 - p);
-    let mut out = vec![0f32; rows * cols];
-    for (row, values) in out.chunks_mut(cols.max(1)).enumerate() {
-        let base = derive_seed(key, &[row as u64]);
-        for (pair, two) in values.chunks_mut(2).enumerate() {
-            let bits = splitmix(base.wrapping_add((pair as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-            for (v, draw) in two.iter_mut().zip([bits & 0xFFFF_FFFF, bits >> 32]) {
-                *v = if draw < threshold { 0.0 } else { keep };
+    let cols = cols.max(1);
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
+    super::pool::for_each_chunk_mut(values, cols * ROWS_PER_TASK, |task, rows| {
+        for (i, row) in rows.chunks_mut(cols).enumerate() {
+            let seed = derive_seed(key, &[(task * ROWS_PER_TASK + i) as u64]) as u32;
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: the CPU has AVX2 (checked above).
+                unsafe { scale_row_avx2(seed, row, threshold, keep) };
+                continue;
             }
+            scale_row(seed, row, threshold, keep);
         }
-    }
+    });
+}
+
+/// The mask of key `key` over `rows × cols` inputs, row-major: each element 0 or 1/(1 − p),
+/// what [`apply`] multiplies by.
+pub fn mask(key: u64, rows: usize, cols: usize, p: f32) -> Vec<f32> {
+    let mut out = vec![1f32; rows * cols];
+    apply(key, &mut out, cols, p);
     out
 }
 
@@ -90,6 +124,15 @@ mod tests {
             let mean = m.iter().map(|&v| v as f64).sum::<f64>() / m.len() as f64;
             assert!((mean - 1.0).abs() < 0.01, "p {p}: mean {mean}");
         }
+    }
+
+    #[test]
+    fn applying_a_mask_multiplies_by_it() {
+        let x: Vec<f32> = (0..7 * 33).map(|i| i as f32 * 0.25 - 3.0).collect();
+        let mut dropped = x.clone();
+        apply(5, &mut dropped, 33, 0.4);
+        let want: Vec<f32> = x.iter().zip(mask(5, 7, 33, 0.4)).map(|(x, m)| x * m).collect();
+        assert_eq!(dropped, want);
     }
 
     #[test]

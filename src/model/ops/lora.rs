@@ -103,17 +103,16 @@ struct LoraLinear {
 }
 
 impl LoraLinear {
-    /// The mask of the adapter's input, (rows, in), when it has dropout.
-    fn mask(&self, rows: usize, inp: usize) -> Option<Vec<f32>> {
-        self.dropout.map(|(p, key)| dropout::mask(key, rows, inp, p))
-    }
-}
-
-/// `x ⊙ mask`, or `x` itself without a mask.
-fn masked<'a>(x: &'a [f32], mask: Option<&[f32]>) -> std::borrow::Cow<'a, [f32]> {
-    match mask {
-        Some(m) => x.iter().zip(m).map(|(x, m)| x * m).collect::<Vec<f32>>().into(),
-        None => x.into(),
+    /// What the adapter reads of `x` (rows of `inp`): `x ⊙ M` under dropout, else `x` itself.
+    fn adapter_input<'a>(&self, x: &'a [f32], inp: usize) -> std::borrow::Cow<'a, [f32]> {
+        match self.dropout {
+            Some((p, key)) => {
+                let mut read = x.to_vec();
+                dropout::apply(key, &mut read, inp, p);
+                read.into()
+            }
+            None => x.into(),
+        }
     }
 }
 
@@ -164,7 +163,7 @@ impl CustomOp3 for LoraLinear {
                 y
             }
         };
-        let x = masked(x, self.mask(m, inp).as_deref());
+        let x = self.adapter_input(x, inp);
         let x = Operand::row_major(&x, inp);
         let u = matmul(choice.family(m, r), m, r, inp, x, Operand::transposed(a, inp)).map_err(gemm_error)?;
         let (u, bt) = (Operand::row_major(&u, r), Operand::transposed(b, r));
@@ -187,9 +186,7 @@ impl CustomOp3 for LoraLinear {
         let ((g_storage, g_layout), (x_storage, x_layout)) = (g.storage_and_layout(), x.storage_and_layout());
         let ((a_storage, a_layout), (b_storage, b_layout)) = (a.storage_and_layout(), b.storage_and_layout());
         let g_rows = Operand::row_major(cpu_f32s(&g_storage, g_layout, "lora output gradient")?, out);
-        // What the adapter read: x, or x ⊙ M under dropout.
-        let mask = self.mask(m, inp);
-        let x_read = masked(cpu_f32s(&x_storage, x_layout, "lora x")?, mask.as_deref());
+        let x_read = self.adapter_input(cpu_f32s(&x_storage, x_layout, "lora x")?, inp);
         let x_rows = Operand::row_major(&x_read, inp);
         let a_rows = Operand::row_major(cpu_f32s(&a_storage, a_layout, "lora_A")?, inp);
         let b_rows = Operand::row_major(cpu_f32s(&b_storage, b_layout, "lora_B")?, r);
@@ -220,12 +217,13 @@ impl CustomOp3 for LoraLinear {
             let (family, v) = (choice.family(m, inp), Operand::row_major(&v, r));
             let mut dx = vec![0f32; m * inp];
             gemm_into(family, (m, inp, out), &mut dx, Accumulate::No, 1.0, g_rows, w_rows).map_err(gemm_error)?;
-            match &mask {
+            match self.dropout {
                 // The adapter's term reaches only the inputs it read.
-                Some(mask) => {
+                Some((p, key)) => {
                     let mut adapter = vec![0f32; m * inp];
                     gemm_into(family, (m, inp, r), &mut adapter, Accumulate::No, s, v, a_rows).map_err(gemm_error)?;
-                    dx.iter_mut().zip(adapter.iter().zip(mask)).for_each(|(d, (t, m))| *d += t * m);
+                    dropout::apply(key, &mut adapter, inp, p);
+                    dx.iter_mut().zip(&adapter).for_each(|(d, t)| *d += t);
                 }
                 None => gemm_into(family, (m, inp, r), &mut dx, Accumulate::Yes, s, v, a_rows).map_err(gemm_error)?,
             }
