@@ -276,23 +276,28 @@ fn a_resumed_fit_ends_bit_identical_to_an_uninterrupted_one() {
         let b = std::fs::read(d.join("other/reward_model").join(f)).unwrap();
         assert!(a == b, "{f}: the resumed fit differs from the uninterrupted one");
     }
-    // The same with LoRA on the backbone (adapters and head in the checkpoint).
-    for run in ["lora", "lora-resumed"] {
+    // The same with LoRA on the backbone (adapters and head in the checkpoint), its adapters
+    // trained with dropout, which changes the fit.
+    for run in ["lora", "lora-resumed", "lora-no-dropout"] {
         std::fs::create_dir_all(d.join(run).join("preference_replay")).unwrap();
         std::fs::copy(d.join("run").join(file), d.join(run).join(file)).unwrap();
     }
-    let lora = |run: &str, epochs: &str, resume: bool| {
-        let mut args = vec!["fit-rm", "--config", "c.toml", "--run-dir", run, "reward_lora.r=4", epochs];
+    let lora = |run: &str, epochs: &str, dropout: &str, resume: bool| {
+        let mut args = vec!["fit-rm", "--config", "c.toml", "--run-dir", run, "reward_lora.r=4", epochs, dropout];
         args.extend(resume.then_some("--resume"));
         ok(pbrl(&args, d));
     };
-    lora("lora", "reward_num_train_epochs=2", false);
-    lora("lora-resumed", "reward_num_train_epochs=1", false);
-    lora("lora-resumed", "reward_num_train_epochs=2", true);
+    lora("lora", "reward_num_train_epochs=2", "reward_lora.dropout=0.3", false);
+    lora("lora-resumed", "reward_num_train_epochs=1", "reward_lora.dropout=0.3", false);
+    lora("lora-resumed", "reward_num_train_epochs=2", "reward_lora.dropout=0.3", true);
+    lora("lora-no-dropout", "reward_num_train_epochs=2", "reward_lora.dropout=0", false);
+    let saved = |run: &str, f: &str| std::fs::read(d.join(run).join("reward_model").join(f)).unwrap();
     for f in ["backbone/model.safetensors", "reward_head.safetensors"] {
-        let a = std::fs::read(d.join("lora/reward_model").join(f)).unwrap();
-        let b = std::fs::read(d.join("lora-resumed/reward_model").join(f)).unwrap();
-        assert!(a == b, "LoRA {f}: the resumed fit differs from the uninterrupted one");
+        assert!(
+            saved("lora", f) == saved("lora-resumed", f),
+            "LoRA {f}: the resumed fit differs from the uninterrupted one"
+        );
+        assert!(saved("lora", f) != saved("lora-no-dropout", f), "LoRA {f}: dropout changes the fit");
     }
     // A reward_max_length beyond the backbone's context is refused before any work.
     let o = pbrl(&["fit-rm", "--config", "c.toml", "--run-dir", "other", "reward_max_length=100000"], d);
