@@ -135,6 +135,8 @@ fn value_cases() -> Vec<Case> {
     cases.extend(bad("fit-rm", "reward_lora.save_merged", &["true"]));
     cases.extend(bad("collect", "agent_lora.target_modules", &["3", "\"qproj\"", "[\"all-linear\", \"q_proj\"]"]));
     cases.extend(bad("train-madpo", "agent_lora.save_merged", &["\"yes\"", "1"]));
+    cases.extend(bad("train-madpo", "agent_lora.dropout", &["1", "-0.1", "nan", "[0.1, 0.2]"]));
+    cases.extend(bad("fit-rm", "reward_lora.dropout", &["1.5", "\"x\""]));
     cases.extend(bad("collect", "preference_num_candidates", &["1", "0", "1000000000"]));
     cases.extend(bad("collect", "collect_batch_size", &["0", "-1"]));
     cases.extend(bad("collect", "task.formatters", &["[]", "[\"\", \"{prompt}\"]"]));
