@@ -69,7 +69,7 @@ fn scale_row(seed: u32, row: &mut [f32], threshold: u64, keep: f32) {
     }
 }
 
-/// [`scale_row`] compiled for AVX2, where the CPU has it: the loop runs 8 elements at a time.
+/// [`scale_row`] compiled for AVX2, where the CPU has it, so that its loop can be vectorized.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn scale_row_avx2(seed: u32, row: &mut [f32], threshold: u64, keep: f32) {

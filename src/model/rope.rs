@@ -1,5 +1,6 @@
 //! Rotary position embeddings as transformers computes them (`modeling_rope_utils.py`): the
-//! inverse frequencies of each RoPE type and the factor cos/sin are scaled by.
+//! inverse frequencies of each RoPE type and the factor cos/sin are scaled by; the cos/sin tables
+//! a model rotates its queries and keys with.
 //!
 //! Settings come from transformers 5's `rope_parameters` or the older top-level `rope_theta` +
 //! `rope_scaling` (both exist in the wild). A type or a field pbrl does not implement is an error
@@ -7,8 +8,13 @@
 use std::f64::consts::PI;
 
 use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 use serde_json::{json, Value};
+
+use super::config::ModelConfig;
+use super::ops;
+use super::transformer::Mode;
 
 /// How the base frequencies are rescaled.
 #[derive(Debug, Clone, PartialEq)]
@@ -255,6 +261,74 @@ impl Rope {
                 (inv, attention)
             }
         }
+    }
+}
+
+/// cos/sin tables for every position, and the per-batch slices of them.
+#[derive(Debug, Clone)]
+pub struct RotaryEmbedding {
+    cos: Tensor, // (max_pos, head_dim / 2)
+    sin: Tensor,
+}
+
+/// cos/sin gathered at a batch's position ids: (b, s, head_dim / 2).
+#[derive(Clone)]
+pub struct RopeSlice {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl RotaryEmbedding {
+    /// Tables for every position of the context, from the RoPE type's inverse frequencies; cos
+    /// and sin are scaled by its attention factor (YaRN), as transformers does.
+    pub(super) fn new(cfg: &ModelConfig, dtype: DType, dev: &Device) -> Result<Self> {
+        let (inv, attention_factor) = cfg.rope.inv_freq(cfg.head_dim);
+        let inv: Vec<f32> = inv.into_iter().map(|f| f as f32).collect();
+        let n = inv.len();
+        let inv = Tensor::from_vec(inv, (1, n), dev)?;
+        let t =
+            Tensor::arange(0u32, cfg.max_position_embeddings as u32, dev)?.to_dtype(DType::F32)?.reshape(((), 1))?;
+        let freqs = t.broadcast_mul(&inv)?;
+        let (cos, sin) = (freqs.cos()?, freqs.sin()?);
+        let (cos, sin) =
+            if attention_factor == 1.0 { (cos, sin) } else { ((cos * attention_factor)?, (sin * attention_factor)?) };
+        Ok(Self { cos: cos.to_dtype(dtype)?, sin: sin.to_dtype(dtype)? })
+    }
+
+    pub(super) fn slice(&self, positions: &Tensor) -> Result<RopeSlice> {
+        let (b, s) = positions.dims2()?;
+        let flat = positions.flatten_all()?;
+        let half = self.cos.dim(1)?;
+        let cos = self.cos.index_select(&flat, 0)?.reshape((b, s, half))?;
+        let sin = self.sin.index_select(&flat, 0)?.reshape((b, s, half))?;
+        Ok(RopeSlice { cos, sin })
+    }
+}
+
+impl RopeSlice {
+    /// (b·s, n·d) rows → (b, n, s, d) heads, rotated when `rotate`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn heads(
+        &self,
+        x: &Tensor,
+        b: usize,
+        s: usize,
+        n: usize,
+        d: usize,
+        rotate: bool,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        Ok(match mode {
+            Mode::Train => ops::split_heads(x, b, s, n, d, rotate.then_some((&self.cos, &self.sin)))?,
+            Mode::Infer => {
+                let h = x.reshape((b, s, n, d))?.transpose(1, 2)?.contiguous()?;
+                if rotate {
+                    candle_nn::rotary_emb::rope(&h, &self.cos, &self.sin)?
+                } else {
+                    h
+                }
+            }
+        })
     }
 }
 

@@ -18,6 +18,7 @@ use super::dropout::DropoutStream;
 use super::kv_cache::{KvCache, LayerKv};
 use super::linear::{FrozenStorage, Linear};
 use super::ops;
+use super::rope::{RopeSlice, RotaryEmbedding};
 
 /// Which kernels a forward pass may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,65 +67,6 @@ impl RmsNorm {
         Ok(match mode {
             Mode::Infer => candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps as f32)?,
             Mode::Train => ops::rms_norm(x, &self.weight, self.eps)?,
-        })
-    }
-}
-
-/// cos/sin tables for every position, and the per-batch slices of them.
-#[derive(Debug, Clone)]
-pub struct RotaryEmbedding {
-    cos: Tensor, // (max_pos, head_dim / 2)
-    sin: Tensor,
-}
-
-/// cos/sin gathered at a batch's position ids: (b, s, head_dim / 2).
-#[derive(Clone)]
-pub struct RopeSlice {
-    cos: Tensor,
-    sin: Tensor,
-}
-
-impl RotaryEmbedding {
-    /// Tables for every position of the context, from the RoPE type's inverse frequencies; cos
-    /// and sin are scaled by its attention factor (YaRN), as transformers does.
-    fn new(cfg: &ModelConfig, dtype: DType, dev: &Device) -> Result<Self> {
-        let (inv, attention_factor) = cfg.rope.inv_freq(cfg.head_dim);
-        let inv: Vec<f32> = inv.into_iter().map(|f| f as f32).collect();
-        let n = inv.len();
-        let inv = Tensor::from_vec(inv, (1, n), dev)?;
-        let t =
-            Tensor::arange(0u32, cfg.max_position_embeddings as u32, dev)?.to_dtype(DType::F32)?.reshape(((), 1))?;
-        let freqs = t.broadcast_mul(&inv)?;
-        let (cos, sin) = (freqs.cos()?, freqs.sin()?);
-        let (cos, sin) =
-            if attention_factor == 1.0 { (cos, sin) } else { ((cos * attention_factor)?, (sin * attention_factor)?) };
-        Ok(Self { cos: cos.to_dtype(dtype)?, sin: sin.to_dtype(dtype)? })
-    }
-
-    fn slice(&self, positions: &Tensor) -> Result<RopeSlice> {
-        let (b, s) = positions.dims2()?;
-        let flat = positions.flatten_all()?;
-        let half = self.cos.dim(1)?;
-        let cos = self.cos.index_select(&flat, 0)?.reshape((b, s, half))?;
-        let sin = self.sin.index_select(&flat, 0)?.reshape((b, s, half))?;
-        Ok(RopeSlice { cos, sin })
-    }
-}
-
-impl RopeSlice {
-    /// (b·s, n·d) rows → (b, n, s, d) heads, rotated when `rotate`.
-    #[allow(clippy::too_many_arguments)]
-    fn heads(&self, x: &Tensor, b: usize, s: usize, n: usize, d: usize, rotate: bool, mode: Mode) -> Result<Tensor> {
-        Ok(match mode {
-            Mode::Train => ops::split_heads(x, b, s, n, d, rotate.then_some((&self.cos, &self.sin)))?,
-            Mode::Infer => {
-                let h = x.reshape((b, s, n, d))?.transpose(1, 2)?.contiguous()?;
-                if rotate {
-                    candle_nn::rotary_emb::rope(&h, &self.cos, &self.sin)?
-                } else {
-                    h
-                }
-            }
         })
     }
 }
