@@ -1,7 +1,9 @@
 """Summarize scripts/study/like_for_like.sh: per side and seed, the eval reward of the base team
 and of the trained team, the paired gain (per-prompt mean after minus before) with its standard
 error over prompts, and the training time (collection + training, evaluations excluded); per
-side, the mean gain over seeds with its standard error over seeds.
+side, the mean gain over seeds with its standard error over seeds; for every two sides, their
+difference on the seeds both ran, paired by prompt (the two trained teams' evaluations start from
+the same base), and its mean over those seeds.
 Usage: python3 scripts/study/like_for_like.py STUDY_DIR"""
 import glob
 import math
@@ -26,6 +28,7 @@ def main(study):
         if step != "eval":
             times[run] += float(secs)
     gains = defaultdict(list)
+    afters = defaultdict(dict)  # side -> seed -> per-prompt reward of the trained team
     for after in sorted(study.glob("*-s*/after.json")):
         side, seed = after.parent.name.rsplit("-s", 1)
         base_reports = sorted(glob.glob(str(study / f"base-s{seed}" / "eval" / "*.json")))
@@ -33,6 +36,7 @@ def main(study):
             continue
         before, _ = per_prompt(base_reports[0])
         now, chars = per_prompt(after)
+        afters[side][seed] = now
         diffs = [now[k] - before[k] for k in before]
         g, se = mean_se(diffs)
         gains[side].append(g)
@@ -42,6 +46,20 @@ def main(study):
     for side, gs in gains.items():
         m, se = mean_se(gs)
         print(f"{side:7} mean gain over {len(gs)} seeds: {m:+.3f} +/- {se:.3f}")
+    sides = sorted(afters)
+    for i, a in enumerate(sides):
+        for b in sides[i + 1:]:
+            seeds = sorted(set(afters[a]) & set(afters[b]), key=int)
+            if not seeds:
+                continue
+            per_seed = []
+            for seed in seeds:
+                d = [afters[a][seed][k] - afters[b][seed][k] for k in afters[a][seed]]
+                m, se = mean_se(d)
+                per_seed.append(m)
+                print(f"{a} - {b}, seed {seed}: {m:+.3f} +/- {se:.3f} (paired by prompt)")
+            m, se = mean_se(per_seed)
+            print(f"{a} - {b}, mean over {len(seeds)} seeds: {m:+.3f} +/- {se:.3f}")
 
 
 if __name__ == "__main__":
