@@ -1,7 +1,8 @@
 """Summarize scripts/study/like_for_like.sh: per side and seed, the eval reward of the base team
 and of the trained team, the paired gain (per-prompt mean after minus before) with its standard
 error over prompts, and the training time (collection + training, evaluations excluded); per
-side, the mean gain over seeds with its standard error over seeds; for every two sides, their
+side, the mean gain over seeds with its standard error over seeds; for every two sides (pbrl's
+final agents as the side `<side>final`), their
 difference on the seeds both ran, paired by prompt (the two trained teams' evaluations start from
 the same base), and its mean over those seeds.
 Usage: python3 scripts/study/like_for_like.py STUDY_DIR"""
@@ -37,6 +38,11 @@ def main(study):
         before, _ = per_prompt(base_reports[0])
         now, chars = per_prompt(after)
         afters[side][seed] = now
+        if (after.parent / "training_summary.json").is_file():
+            # pbrl's final agents: evaluated apart when keep-best saved others (`final_agents`).
+            final = after.parent / "final-after.json"
+            if final.is_file() or not (after.parent / "final_agents").is_dir():
+                afters[side + "final"][seed] = per_prompt(final if final.is_file() else after)[0]
         diffs = [now[k] - before[k] for k in before]
         g, se = mean_se(diffs)
         gains[side].append(g)

@@ -11,7 +11,9 @@
 # 16 prompts that are neither trained on nor evaluated by `pbrl eval`), every 12 updates. The
 # side `comlrl` runs CoMLRL with the reference's scorer on SmolLM2 (completions cut at the
 # end-of-turn, pbrl's score_last_token = false), `comlrlharness` with the one sessions 22-27 ran
-# (the last content token scored; `comlrl_quickstart.py --scorer`).
+# (the last content token scored; `comlrl_quickstart.py --scorer`). Where keep-best saved earlier
+# agents than the last, the last (`final_agents`) are evaluated too: like_for_like.py reports them
+# as the side `<side>final` (the saved agents where they were the last).
 #   DIR=study dir (default runs/like-for-like)  SEEDS="1 2 3"  THREADS=1  SIDES="pbrl comlrl"
 #   VENV=.venv-bench (torch, transformers, gguf, datasets, comlrl 1.4.3; scripts/bench.sh makes it)
 # A step whose output exists is skipped, so a cut study resumes where it stopped.
@@ -57,6 +59,14 @@ for s in $SEEDS; do
       t=$(timed "$DIR/logs/$side-s$s.eval.log" "$PBRL" eval "${cfg[@]}" --run-dir "$run/after" --team "$run/agents")
       echo "$side-s$s eval $t" >> "$DIR/times"
       cp "$(ls "$run"/after/eval/*.json | tail -1)" "$run/after.json"
+    fi
+    # When keep-best saved earlier agents, pbrl's final ones too (CoMLRL saves its final agents).
+    if [ -d "$run/final_agents" ] && [ ! -f "$run/final-after.json" ]; then
+      mkdir -p "$run/final-after"
+      t=$(timed "$DIR/logs/$side-s$s.final-eval.log" "$PBRL" eval "${cfg[@]}" --run-dir "$run/final-after" \
+        --team "$run/final_agents")
+      echo "$side-s$s eval $t" >> "$DIR/times"
+      cp "$(ls "$run"/final-after/eval/*.json | tail -1)" "$run/final-after.json"
     fi
   done
 done
