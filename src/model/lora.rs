@@ -76,10 +76,10 @@ impl LoraAdapter {
     }
 
     /// The dropout probability and mask key of this adapter in the training pass `pass`, if it
-    /// drops anything there.
+    /// has dropout ([`set_dropout`] sets it only for p > 0).
     pub fn dropout_key(&self, pass: Option<u64>) -> Option<(f32, u64)> {
-        let (d, pass) = (self.dropout?, pass?);
-        (d.p > 0.0).then(|| (d.p, d.key(pass)))
+        let d = self.dropout?;
+        Some((d.p, d.key(pass?)))
     }
 }
 

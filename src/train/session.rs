@@ -281,6 +281,7 @@ impl<'a> Session<'a> {
         let bar = progress::bar((epochs - self.progress.epoch.min(epochs)) * batches, self.stage);
         let (started, first_update) = (std::time::Instant::now(), self.progress.updates);
         let mut tokens = 0usize;
+        let salt = stage_salt(self.stage, &self.progress.rounds);
         for epoch in self.progress.epoch..epochs {
             let mut order: Vec<usize> = (0..num_examples).collect();
             if self.shuffle {
@@ -298,7 +299,6 @@ impl<'a> Session<'a> {
                 }
                 // The update's adapter-dropout masks: a function of the seed, the stage, the
                 // rounds it trains on, the model and the update (`model::dropout`).
-                let salt = stage_salt(self.stage, &self.progress.rounds);
                 for (i, m) in self.models.iter().enumerate() {
                     let path = [purpose::LORA_DROPOUT, salt, i as u64, self.progress.updates];
                     m.model.begin_dropout_step(derive_seed(cfg.seed, &path));
