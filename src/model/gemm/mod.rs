@@ -333,8 +333,13 @@ impl Blocks {
         // Rows are the microkernel's 6-wide side, columns its 16- or 64-tall one (the product
         // is computed transposed). `gemm` blocks the depth differently for products with at
         // most 64 rows and 64 columns, so no block is that small unless the product is.
-        let unit = if along_rows { 48 } else { 64 };
-        let min = if other <= 64 { 2 * unit } else { unit };
+        // Columns are cut in steps of 32, not of a whole 64-tall tile: 576 columns (SmolLM2's
+        // hidden size) make 6 blocks of 96, even over 2 threads, where steps of 64 made 3 of
+        // 128 and one of 192, so one thread computed 320 columns and the other waited.
+        let (unit, min) = match (along_rows, other <= 64) {
+            (true, thin) => (48, if thin { 96 } else { 48 }),
+            (false, thin) => (32, if thin { 96 } else { 64 }),
+        };
         let whole = Blocks { along_rows, size: len, len, other, count: 1 };
         if threads <= 1 || m.saturating_mul(n).saturating_mul(k) < THREADING_MIN_WORK || len < 2 * min {
             return whole;

@@ -90,6 +90,19 @@ fn blocks_for_threads_change_no_bit_of_the_product() {
     }
 }
 
+/// SmolLM2's products cut along the model's side (576, 1536 columns) split evenly over two
+/// threads: every thread computes the same share of the output (the blocks are handed out in
+/// turn, so equal blocks in an even count). Products cut along their rows (a batch's tokens,
+/// any number) are not covered.
+#[test]
+fn smollm2_products_are_cut_evenly_for_two_threads() {
+    for (m, n, k) in [(400, 576, 576), (400, 576, 1536), (400, 1536, 576), (288, 576, 49152), (64, 576, 576)] {
+        let blocks = Blocks::of((m, n, k), 2);
+        let sizes: Vec<usize> = (0..blocks.count).map(|b| blocks.block(b).1.len() * blocks.block(b).0.len()).collect();
+        assert!(blocks.count % 2 == 0 && sizes.iter().all(|&s| s == sizes[0]), "{m}x{n}x{k}: blocks {sizes:?}");
+    }
+}
+
 /// `got` is `[start +] 0.5 · want` (as `accumulate` says) within `tol` relative.
 fn assert_scaled_product(got: &[f32], want: &[f32], start: &[f32], accumulate: Accumulate, tol: f32, case: &str) {
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
