@@ -99,7 +99,10 @@ fn smollm2_products_are_cut_evenly_for_two_threads() {
     for (m, n, k) in [(400, 576, 576), (400, 576, 1536), (400, 1536, 576), (288, 576, 49152), (64, 576, 576)] {
         let blocks = Blocks::of((m, n, k), 2);
         let sizes: Vec<usize> = (0..blocks.count).map(|b| blocks.block(b).1.len() * blocks.block(b).0.len()).collect();
-        assert!(blocks.count % 2 == 0 && sizes.iter().all(|&s| s == sizes[0]), "{m}x{n}x{k}: blocks {sizes:?}");
+        assert!(
+            blocks.count.is_multiple_of(2) && sizes.iter().all(|&s| s == sizes[0]),
+            "{m}x{n}x{k}: blocks {sizes:?}"
+        );
     }
 }
 
