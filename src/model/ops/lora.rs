@@ -230,8 +230,8 @@ impl CustomOp3 for LoraLinear {
             None
         };
         let db = if b.track_op() {
-            let (kept, made);
-            kept = self.kept_product()?;
+            let kept = self.kept_product()?;
+            let made;
             let u = match kept.as_deref() {
                 Some(u) => u,
                 None => {
