@@ -3,7 +3,7 @@
 //! token ids and reports ratios.
 //!
 //!   cargo bench --bench runtime -- sample|train|gemm --model M.gguf --out result.json [--steps N] [--device cuda:0]
-//!     [--lora R]   (train: adapters of rank R on a frozen base instead of full fine-tuning)
+//!     [--lora R]   (train, sample: adapters of rank R on a frozen base instead of a whole model)
 //!     [--base-dtype f32|bf16|q8_0]   (with --lora: how the frozen base stores its matrices)
 //!     [--lora-dropout P]   (with --lora: dropout on the adapters' inputs)
 //!
@@ -77,6 +77,16 @@ fn train_rows(m: &LoadedModel) -> Result<Vec<ScoreRow>> {
     Ok(rows)
 }
 
+/// A LoRA agent as pbrl builds one: adapters of rank r (alpha 2r) on every projection of the
+/// frozen base, stored as asked, with `dropout` on their inputs.
+fn lora_agent(m: LoadedModel, (r, storage, dropout): (usize, FrozenStorage, f64)) -> Result<LoadedModel> {
+    let targets = ALL_LINEAR.map(String::from).to_vec();
+    let spec = LoraSpec { r, alpha: 2.0 * r as f64, target_modules: targets, use_rslora: false };
+    let mut m = LoadedModel::with_lora(&m.into_frozen_base(storage)?, &spec, 0)?;
+    m.set_lora_dropout(dropout)?;
+    Ok(m)
+}
+
 fn bench_train(m: LoadedModel, lora: Option<(usize, FrozenStorage, f64)>, steps: usize) -> Result<serde_json::Value> {
     let rows = train_rows(&m)?;
     let dev = m.model.device().clone();
@@ -84,17 +94,9 @@ fn bench_train(m: LoadedModel, lora: Option<(usize, FrozenStorage, f64)>, steps:
     let vars = |map: &VarMap| -> Vec<(String, Var)> {
         map.data().lock().expect("lock").iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     };
-    // Full fine-tuning trains every weight; with --lora R, a LoRA agent as pbrl builds one:
-    // adapters of rank R (alpha 2R) on every projection of the frozen base, stored as asked,
-    // with --lora-dropout P on their inputs.
+    // Full fine-tuning trains every weight; with --lora R, a LoRA agent (`lora_agent`).
     let m = match lora {
-        Some((r, storage, dropout)) => {
-            let targets = ALL_LINEAR.map(String::from).to_vec();
-            let spec = LoraSpec { r, alpha: 2.0 * r as f64, target_modules: targets, use_rslora: false };
-            let mut m = LoadedModel::with_lora(&m.into_frozen_base(storage)?, &spec, 0)?;
-            m.set_lora_dropout(dropout)?;
-            m
-        }
+        Some(lora) => lora_agent(m, lora)?,
         None => m,
     };
     let (model, params) = (m.model.clone(), vars(&m.varmap));
@@ -195,21 +197,25 @@ fn main() -> Result<()> {
     let threads = pbrl::device::init_threads(arg(&args, "--threads").and_then(|t| t.parse().ok()));
     let steps = arg(&args, "--steps").and_then(|s| s.parse().ok()).unwrap_or(3);
     let device = pbrl::device::parse_device(&arg(&args, "--device").unwrap_or_else(|| "cpu".into()), "--device")?;
+    let lora = arg(&args, "--lora").map(|r| r.parse::<usize>()).transpose().context("--lora R")?;
+    let storage = match arg(&args, "--base-dtype").as_deref() {
+        None | Some("f32") => FrozenStorage::F32,
+        Some("bf16") => FrozenStorage::Bf16,
+        Some("q8_0") => FrozenStorage::Q8_0,
+        Some(other) => anyhow::bail!("--base-dtype {other}: use f32, bf16 or q8_0"),
+    };
+    let dropout = arg(&args, "--lora-dropout").map(|p| p.parse::<f64>()).transpose().context("--lora-dropout P")?;
+    let lora = lora.map(|r| (r, storage, dropout.unwrap_or(0.0)));
     let mut result = match mode.as_str() {
         "gemm" => bench_gemm()?,
-        "train" => {
-            let lora = arg(&args, "--lora").map(|r| r.parse::<usize>()).transpose().context("--lora R")?;
-            let storage = match arg(&args, "--base-dtype").as_deref() {
-                None | Some("f32") => FrozenStorage::F32,
-                Some("bf16") => FrozenStorage::Bf16,
-                Some("q8_0") => FrozenStorage::Q8_0,
-                Some(other) => anyhow::bail!("--base-dtype {other}: use f32, bf16 or q8_0"),
-            };
-            let dropout =
-                arg(&args, "--lora-dropout").map(|p| p.parse::<f64>()).transpose().context("--lora-dropout P")?;
-            bench_train(LoadedModel::load(&model, &device)?, lora.map(|r| (r, storage, dropout.unwrap_or(0.0))), steps)?
+        "train" => bench_train(LoadedModel::load(&model, &device)?, lora, steps)?,
+        _ => {
+            let m = LoadedModel::load(&model, &device)?;
+            bench_sample(&match lora {
+                Some(lora) => lora_agent(m, lora)?,
+                None => m,
+            })?
         }
-        _ => bench_sample(&LoadedModel::load(&model, &device)?)?,
     };
     result["threads"] = json!(threads);
     result["gemm_kernels"] = json!(pbrl::model::gemm::kernel_choice().map_err(anyhow::Error::msg)?.describe());
