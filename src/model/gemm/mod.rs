@@ -336,10 +336,8 @@ impl Blocks {
         // Columns are cut in steps of 32, not of a whole 64-tall tile: 576 columns (SmolLM2's
         // hidden size) make 6 blocks of 96, even over 2 threads, where steps of 64 made 3 of
         // 128 and one of 192, so one thread computed 320 columns and the other waited.
-        let (unit, min) = match (along_rows, other <= 64) {
-            (true, thin) => (48, if thin { 96 } else { 48 }),
-            (false, thin) => (32, if thin { 96 } else { 64 }),
-        };
+        let (unit, min) = if along_rows { (48, 48) } else { (32, 64) };
+        let min = if other <= 64 { 96 } else { min };
         let whole = Blocks { along_rows, size: len, len, other, count: 1 };
         if threads <= 1 || m.saturating_mul(n).saturating_mul(k) < THREADING_MIN_WORK || len < 2 * min {
             return whole;

@@ -25,7 +25,7 @@
 //!
 //! f32 on the CPU only; elsewhere (and for a weight that trains) `linear.rs` keeps the
 //! composition, which computes the same values up to the order of the sums.
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor};
@@ -97,7 +97,7 @@ pub fn lora_linear(
     scaling: f64,
     dropout: Option<(f32, u64)>,
 ) -> Result<Tensor> {
-    let op = LoraLinear { w: w.clone(), scaling: scaling as f32, dropout, adapter_product: Mutex::new(None) };
+    let op = LoraLinear { w: w.clone(), scaling: scaling as f32, dropout, adapter_product: OnceLock::new() };
     x.contiguous()?.apply_op3(&a.contiguous()?, &b.contiguous()?, op)
 }
 
@@ -106,17 +106,10 @@ struct LoraLinear {
     scaling: f32,
     dropout: Option<(f32, u64)>,
     /// U = (x ⊙ M) Aᵀ, (rows, r), as the forward pass made it: dB reads it.
-    adapter_product: Mutex<Option<Vec<f32>>>,
+    adapter_product: OnceLock<Vec<f32>>,
 }
 
 impl LoraLinear {
-    /// The U the forward pass kept (None before it ran).
-    fn kept_product(&self) -> Result<std::sync::MutexGuard<'_, Option<Vec<f32>>>> {
-        self.adapter_product
-            .lock()
-            .map_err(|_| candle_core::Error::msg("lora-linear: the kept x Aᵀ's lock was poisoned"))
-    }
-
     /// What the adapter reads of `x` (rows of `inp`): `x ⊙ M` under dropout, else `x` itself.
     fn adapter_input<'a>(&self, x: &'a [f32], inp: usize) -> std::borrow::Cow<'a, [f32]> {
         match self.dropout {
@@ -196,7 +189,8 @@ impl CustomOp3 for LoraLinear {
             bt,
         )
         .map_err(gemm_error)?;
-        *self.kept_product()? = Some(u);
+        // An op runs its forward pass once; a second U would be the same product.
+        let _ = self.adapter_product.set(u);
         Ok((CpuStorage::F32(y), Shape::from((m, out))))
     }
 
@@ -230,9 +224,8 @@ impl CustomOp3 for LoraLinear {
             None
         };
         let db = if b.track_op() {
-            let kept = self.kept_product()?;
             let made;
-            let u = match kept.as_deref() {
+            let u = match self.adapter_product.get() {
                 Some(u) => u,
                 None => {
                     made = adapter_product(choice, (m, r, inp), x_rows.data, a_rows.data)?;
