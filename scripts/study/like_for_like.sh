@@ -8,7 +8,9 @@
 # `pbrlref`, is pbrl running the reference's own MADPO (reference-free, beta 0.1, a constant
 # rate, no keep-best, all train items): the same algorithm as CoMLRL's, in pbrl. A fourth,
 # `pbrlval`, is `pbrlref` with keep-best on a validation file (data/length_ratio/validation.jsonl,
-# 16 prompts that are neither trained on nor evaluated by `pbrl eval`), every 12 updates. The
+# 16 prompts that are neither trained on nor evaluated by `pbrl eval`), every 12 updates, and
+# `pbrlvallast` is `pbrlval` scoring every response token and its end-of-turn
+# (score_last_token = true; the reference's scorer leaves the last two out). The
 # side `comlrl` runs CoMLRL with the reference's scorer on SmolLM2 (completions cut at the
 # end-of-turn, pbrl's score_last_token = false), `comlrlharness` with the one sessions 22-27 ran
 # (the last content token scored; `comlrl_quickstart.py --scorer`). Where keep-best saved earlier
@@ -41,6 +43,8 @@ for s in $SEEDS; do
           pbrlref) extra=("${reference[@]}" keep_best=false eval_split=\"eval_file\" eval_interval=0) ;;
           pbrlval) extra=("${reference[@]}" eval_split=\"validation_file\"
             task.validation_file=\"data/length_ratio/validation.jsonl\") ;;
+          pbrlvallast) extra=("${reference[@]}" eval_split=\"validation_file\"
+            task.validation_file=\"data/length_ratio/validation.jsonl\" score_last_token=true) ;;
           *) echo "unknown side $side" >&2; exit 2 ;;
         esac
         t=$(timed "$DIR/logs/$side-s$s.collect.log" "$PBRL" collect "${cfg[@]}" --run-dir "$run" "${extra[@]}")
