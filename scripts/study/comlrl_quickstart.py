@@ -12,7 +12,8 @@ all 54 train items (pbrl holds 8 of them out for keep-best). `--scorer` chooses 
 tokens its MADPO scorer sums (see its help; the default is the reference's own on SmolLM2).
 
 Usage: python scripts/study/comlrl_quickstart.py --out DIR [--seed S] [--threads T] [--items N]
-Writes DIR/agents/{agent_0,agent_1,team.json} and DIR/comlrl.json (times, pairs, peak RSS)."""
+Writes DIR/agents/{agent_0,agent_1,team.json}, DIR/comlrl.json (times, pairs, peak RSS) and DIR/pairs.json
+(the collected pairs with their token ids)."""
 import argparse
 import copy
 import json
@@ -105,6 +106,15 @@ def main():
         report["collect_s"] = time.perf_counter() - t
         report["num_pairs"] = len(pairs)
         print(f"CoMLRL collection: {len(pairs)} pairs in {report['collect_s']:.0f} s", flush=True)
+        # The collected pairs, so that pbrl can train on CoMLRL's round (like_for_like.sh's side
+        # `pbrloncomlrl`, through scripts/study/comlrl_pairs_to_round.py).
+        (out / "pairs.json").write_text(json.dumps([{
+            "prompts": p.prompts, "winner_completions": p.winner_completions,
+            "loser_completions": p.loser_completions, "winner_reward": p.winner_reward,
+            "loser_reward": p.loser_reward, "candidate_reward_mean": p.candidate_reward_mean,
+            "winner_completion_ids": [t.winner_completion_ids.tolist() for t in p.agent_tensors],
+            "loser_completion_ids": [t.loser_completion_ids.tolist() for t in p.agent_tensors],
+            "prompt_input_ids": [t.prompt_input_ids.tolist() for t in p.agent_tensors]} for p in pairs]))
         t = time.perf_counter()
         trainer._train_preference_pairs(pairs)
         report["train_s"] = time.perf_counter() - t

@@ -13,9 +13,12 @@
 # (score_last_token = true; the reference's scorer leaves the last two out). The
 # side `comlrl` runs CoMLRL with the reference's scorer on SmolLM2 (completions cut at the
 # end-of-turn, pbrl's score_last_token = false), `comlrlharness` with the one sessions 22-27 ran
-# (the last content token scored; `comlrl_quickstart.py --scorer`). Where keep-best saved earlier
-# agents than the last, the last (`final_agents`) are evaluated too: like_for_like.py reports them
-# as the side `<side>final` (the saved agents where they were the last).
+# (the last content token scored; `comlrl_quickstart.py --scorer`). `pbrloncomlrl` is `pbrlref`
+# trained on the pairs side `comlrl` collected (its `pairs.json`, converted by
+# comlrl_pairs_to_round.py; run it after `comlrl`): the same data, pbrl's training loop. Where
+# keep-best saved earlier agents than the last, the last (`final_agents`) are evaluated too:
+# like_for_like.py reports them as the side `<side>final` (the saved agents where they were the
+# last).
 #   DIR=study dir (default runs/like-for-like)  SEEDS="1 2 3"  THREADS=1  SIDES="pbrl comlrl"
 #   VENV=.venv-bench (torch, transformers, gguf, datasets, comlrl 1.4.3; scripts/bench.sh makes it)
 # A step whose output exists is skipped, so a cut study resumes where it stopped.
@@ -40,15 +43,20 @@ for s in $SEEDS; do
         reference=(madpo_reference=false dpo_beta=0.1 lr_scheduler_type=\"constant\")
         case $side in
           pbrl) extra=() ;;
-          pbrlref) extra=("${reference[@]}" keep_best=false eval_split=\"eval_file\" eval_interval=0) ;;
+          pbrlref|pbrloncomlrl) extra=("${reference[@]}" keep_best=false eval_split=\"eval_file\" eval_interval=0) ;;
           pbrlval) extra=("${reference[@]}" eval_split=\"validation_file\"
             task.validation_file=\"data/length_ratio/validation.jsonl\") ;;
           pbrlvallast) extra=("${reference[@]}" eval_split=\"validation_file\"
             task.validation_file=\"data/length_ratio/validation.jsonl\" score_last_token=true) ;;
           *) echo "unknown side $side" >&2; exit 2 ;;
         esac
-        t=$(timed "$DIR/logs/$side-s$s.collect.log" "$PBRL" collect "${cfg[@]}" --run-dir "$run" "${extra[@]}")
-        echo "$side-s$s collect $t" >> "$DIR/times"
+        if [ "$side" = pbrloncomlrl ]; then
+          "$VENV/bin/python" scripts/study/comlrl_pairs_to_round.py "$DIR/comlrl-s$s/pairs.json" \
+            "$run/preference_replay/iteration_0000.json" > "$DIR/logs/$side-s$s.round.log" 2>&1
+        else
+          t=$(timed "$DIR/logs/$side-s$s.collect.log" "$PBRL" collect "${cfg[@]}" --run-dir "$run" "${extra[@]}")
+          echo "$side-s$s collect $t" >> "$DIR/times"
+        fi
         t=$(timed "$DIR/logs/$side-s$s.train.log" "$PBRL" train-madpo "${cfg[@]}" --run-dir "$run" "${extra[@]}")
         echo "$side-s$s train $t" >> "$DIR/times"
       else
