@@ -11,7 +11,7 @@ reference-free MADPO at its default beta 0.1, a constant learning rate, no held-
 all 54 train items (pbrl holds 8 of them out for keep-best). `--scorer` chooses which completion
 tokens its MADPO scorer sums (see its help; the default is the reference's own on SmolLM2).
 
-Usage: python scripts/study/comlrl_quickstart.py --out DIR [--seed S] [--threads T] [--items N]
+Usage: python scripts/study/comlrl_quickstart.py --out DIR [--seed S] [--threads T] [--items N] [--pairs ROUND]
 Writes DIR/agents/{agent_0,agent_1,team.json}, DIR/comlrl.json (times, pairs, peak RSS) and DIR/pairs.json
 (the collected pairs with their token ids)."""
 import argparse
@@ -42,6 +42,29 @@ def save_plain(model, tok, agent_dir):
     tok.save_pretrained(agent_dir)
 
 
+def pairs_from_round(tok, path):
+    """A pbrl round file (`iteration_NNNN.json`) as CoMLRL's training pairs: each text tokenized as
+    CoMLRL tokenizes its own, a finished completion (pbrl's `*_finished`) followed by the end-of-turn
+    as sampled, so that CoMLRL's scorer cuts and scores it as it would its own sample."""
+    from comlrl.trainers.preference.madpo import AgentPreferenceTensors, PreferencePair
+    end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def ids(text, finished):
+        return torch.tensor(tok.encode(text, add_special_tokens=False) + ([end_of_turn] if finished else []))
+
+    pairs = []
+    for p in json.loads(path.read_text())["pairs"]:
+        tensors = [AgentPreferenceTensors(prompt_input_ids=torch.tensor(tok.encode(prompt, add_special_tokens=False)),
+                                          winner_completion_ids=ids(w, wf), loser_completion_ids=ids(l, lf))
+                   for prompt, w, l, wf, lf in zip(p["prompts"], p["winner_completions"], p["loser_completions"],
+                                                   p["winner_finished"], p["loser_finished"])]
+        pairs.append(PreferencePair(prompts=p["prompts"], winner_completions=p["winner_completions"],
+                                    loser_completions=p["loser_completions"], agent_tensors=tensors,
+                                    winner_reward=p["winner_reward"], loser_reward=p["loser_reward"],
+                                    candidate_reward_mean=p["candidate_reward_mean"]))
+    return pairs
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -55,6 +78,9 @@ def main():
                          "SmolLM2's own pad token and pbrl with score_last_token = false; harness: trimmed at the "
                          "harness's pad <|endoftext|> only, so the last content token is scored (the runs of "
                          "sessions 22-27; pbrl's nearest is score_last_token = true)")
+    ap.add_argument("--pairs", default=None,
+                    help="a pbrl round file: train on its pairs instead of collecting (like_for_like.sh's side "
+                         "`comlrlonpbrl`: pbrl's data, CoMLRL's training loop)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -100,7 +126,16 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     report = {"seed": a.seed, "threads": a.threads, "items": len(items), "dpo_beta": args.dpo_beta,
               "scorer": a.scorer}
-    if not a.untrained:
+    if a.pairs:
+        t = time.perf_counter()
+        pairs = pairs_from_round(tok, Path(a.pairs))
+        report["pairs_from"] = a.pairs
+        report["num_pairs"] = len(pairs)
+        print(f"CoMLRL: {len(pairs)} pairs from {a.pairs}", flush=True)
+        trainer._train_preference_pairs(pairs)
+        report["train_s"] = time.perf_counter() - t
+        print(f"CoMLRL MADPO training: {report['train_s']:.0f} s", flush=True)
+    elif not a.untrained:
         t = time.perf_counter()
         pairs = trainer._build_preference_dataset()
         report["collect_s"] = time.perf_counter() - t

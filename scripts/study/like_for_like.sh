@@ -15,7 +15,8 @@
 # end-of-turn, pbrl's score_last_token = false), `comlrlharness` with the one sessions 22-27 ran
 # (the last content token scored; `comlrl_quickstart.py --scorer`). `pbrloncomlrl` is `pbrlref`
 # trained on the pairs side `comlrl` collected (its `pairs.json`, converted by
-# comlrl_pairs_to_round.py; run it after `comlrl`): the same data, pbrl's training loop. Where
+# comlrl_pairs_to_round.py; run it after `comlrl`): the same data, pbrl's training loop;
+# `comlrlonpbrl` is CoMLRL trained on the round side `pbrlref` (or `pbrlval`) collected. Where
 # keep-best saved earlier agents than the last, the last (`final_agents`) are evaluated too:
 # like_for_like.py reports them as the side `<side>final` (the saved agents where they were the
 # last).
@@ -61,8 +62,14 @@ for s in $SEEDS; do
         echo "$side-s$s train $t" >> "$DIR/times"
       else
         scorer=reference; [ "$side" = comlrlharness ] && scorer=harness
+        pairs=()
+        if [ "$side" = comlrlonpbrl ]; then
+          round=$(ls "$DIR"/pbrl{ref,val}-s$s/preference_replay/iteration_0000.json 2>/dev/null | head -1)
+          [ -n "$round" ] || { echo "comlrlonpbrl-s$s needs side pbrlref or pbrlval first" >&2; exit 2; }
+          pairs=(--pairs "$round")
+        fi
         t=$(timed "$DIR/logs/$side-s$s.log" "$VENV/bin/python" scripts/study/comlrl_quickstart.py --out "$run" --seed "$s" \
-          --threads "$T" --scorer $scorer)
+          --threads "$T" --scorer $scorer "${pairs[@]}")
         echo "$side-s$s collect+train $t" >> "$DIR/times"
       fi
     fi
