@@ -46,8 +46,10 @@ def main(pairs_path, round_path):
             "loser_reward": p["loser_reward"], "candidate_reward_mean": p["candidate_reward_mean"],
             "winner_finished": finished["winner"], "loser_finished": finished["loser"]})
     out = Path(round_path)
+    if not (out.name.startswith("iteration_") and out.suffix == ".json" and out.stem[10:].isdigit()):
+        sys.exit(f"{round_path}: a round file is named iteration_NNNN.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"iteration": 0, "num_pairs": len(records), "pairs": records}))
+    out.write_text(json.dumps({"iteration": int(out.stem[10:]), "num_pairs": len(records), "pairs": records}))
     print(f"{len(records)} pairs -> {out}; {other_ids} of {completions} completions re-encode to other ids")
     if missing_mean:
         print(f"{missing_mean} pairs had no candidate_reward_mean: the pair's mean stands in (logged only)")

@@ -53,7 +53,7 @@ for s in $SEEDS; do
         esac
         if [ "$side" = pbrloncomlrl ]; then
           "$VENV/bin/python" scripts/study/comlrl_pairs_to_round.py "$DIR/comlrl-s$s/pairs.json" \
-            "$run/preference_replay/iteration_0000.json" > "$DIR/logs/$side-s$s.round.log" 2>&1
+            "$run/preference_replay/iteration_0001.json" > "$DIR/logs/$side-s$s.round.log" 2>&1
         else
           t=$(timed "$DIR/logs/$side-s$s.collect.log" "$PBRL" collect "${cfg[@]}" --run-dir "$run" "${extra[@]}")
           echo "$side-s$s collect $t" >> "$DIR/times"
@@ -64,7 +64,7 @@ for s in $SEEDS; do
         scorer=reference; [ "$side" = comlrlharness ] && scorer=harness
         pairs=()
         if [ "$side" = comlrlonpbrl ]; then
-          round=$(ls "$DIR"/pbrl{ref,val}-s$s/preference_replay/iteration_0000.json 2>/dev/null | head -1)
+          round=$(ls "$DIR"/pbrl{ref,val}-s$s/preference_replay/iteration_0001.json 2>/dev/null | head -1)
           [ -n "$round" ] || { echo "comlrlonpbrl-s$s needs side pbrlref or pbrlval first" >&2; exit 2; }
           pairs=(--pairs "$round")
         fi
