@@ -216,6 +216,38 @@ fn keep_best_saves_the_best_evaluated_agents() {
     assert!(plot.contains("eval reward") && plot.contains("madpo/winner_shorter"), "{plot}");
 }
 
+/// `keep_best_tolerance`: the best evaluation's agents replace the last ones only when the last
+/// evaluation falls below the best by more than that many of the best's standard errors; at a
+/// tolerance no fall reaches, the last agents are saved although an earlier evaluation scored
+/// higher (at 0, the same run saves the best).
+#[test]
+fn keep_best_tolerance_keeps_the_last_agents_within_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(
+        d,
+        "eval_split = 0.5\nkeep_best = true\neval_interval = 1\neval_num_samples = 4\neval_samples_per_item = 2\n\
+         num_train_epochs = 6",
+    );
+    let train = |tolerance: &str| {
+        let run_dir = format!("run_{tolerance}");
+        copy_dir(&d.join("run/preference_replay"), &d.join(&run_dir).join("preference_replay"));
+        let tol = format!("keep_best_tolerance={tolerance}");
+        ok(pbrl(&["train-madpo", "--config", "c.toml", "--run-dir", &run_dir, &tol], d));
+        let text = std::fs::read_to_string(d.join(&run_dir).join("training_summary.json")).unwrap();
+        (serde_json::from_str::<serde_json::Value>(&text).unwrap(), d.join(run_dir))
+    };
+    let (strict, _) = train("0");
+    let (best, last) = (&strict["best_eval"], &strict["final_eval"]);
+    assert!(best["update"] != last["update"], "an earlier evaluation beats the last one: {strict}");
+    assert!(best["reward_stderr"].as_f64().unwrap() > 0.0, "{strict}");
+    assert_eq!(strict["saved"], "best", "{strict}");
+    let (tolerant, run) = train("1e9");
+    assert_eq!((&tolerant["best_eval"], &tolerant["final_eval"]), (best, last), "the same training");
+    assert_eq!(tolerant["saved"], "final", "{tolerant}");
+    assert!(!run.join("final_agents").exists(), "the saved agents are the final ones");
+}
+
 /// `eval_split = "validation_file"`: collection takes every train item, and keep-best evaluates
 /// the validation file's items (a bad item there is reported as the validation file's).
 #[test]

@@ -30,6 +30,7 @@ impl Default for Config {
             madpo_log_kl: false,
             eval_split: EvalSplit::EvalFile,
             keep_best: false,
+            keep_best_tolerance: 0.0,
             lr_scheduler_type: LrSchedule::Constant,
             gradient_checkpointing: false,
             reward_eval_fraction: 0.1,

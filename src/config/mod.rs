@@ -47,6 +47,10 @@ pub(crate) fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(msg.into()))
 }
 
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
 /// `Option` fields accept the TOML-less `"none"`/`"null"` string, since TOML has no null.
 fn opt<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
     #[derive(Deserialize)]
@@ -130,6 +134,12 @@ pub struct Config {
     pub eval_split: EvalSplit,
     /// Save the agents of the best periodic evaluation instead of the last ones.
     pub keep_best: bool,
+    /// With `keep_best`: the best evaluation's agents replace the last ones only when the last
+    /// evaluation is below the best by more than this many of the best's standard errors (0: the
+    /// best whenever it beats the last at all). Several evaluations on one plateau differ by
+    /// noise, and the highest of them is the luckiest, not the best trained.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub keep_best_tolerance: f64,
     /// The learning rate over a training's updates: "constant" (the reference's) or "linear"
     /// (decaying to 1/U of it at the last of U updates), for every training stage.
     #[serde(skip_serializing_if = "LrSchedule::is_constant")]

@@ -122,6 +122,7 @@ fn all_fields(cfg: &Config) -> toml::Value {
     t.insert("reward_head".into(), toml::Value::try_from(cfg.reward_head).expect("serializes"));
     t.insert("lr_scheduler_type".into(), toml::Value::try_from(cfg.lr_scheduler_type).expect("serializes"));
     t.insert("gradient_checkpointing".into(), toml::Value::Boolean(cfg.gradient_checkpointing));
+    t.insert("keep_best_tolerance".into(), toml::Value::Float(cfg.keep_best_tolerance));
     toml::Value::Table(t)
 }
 

@@ -353,6 +353,12 @@ impl Config {
         if self.eval_split == EvalSplit::ValidationFile && self.task.validation_file.is_none() {
             return err("eval_split = \"validation_file\" needs task.validation_file (a JSONL of items)");
         }
+        if !(self.keep_best_tolerance >= 0.0 && self.keep_best_tolerance.is_finite()) {
+            return err("keep_best_tolerance must be a number >= 0 (standard errors of the best evaluation).");
+        }
+        if self.keep_best_tolerance > 0.0 && !self.keep_best {
+            return err("keep_best_tolerance is set but keep_best is false: it only decides what keep_best saves");
+        }
         if self.keep_best && (self.eval_interval == 0 || self.eval_num_samples == 0) {
             return err("keep_best needs periodic evaluations: set eval_interval >= 1 and eval_num_samples >= 1");
         }

@@ -92,6 +92,8 @@ fn each_rule_reports_its_message() {
         ("eval_split = \"validation_file\"", "eval_split = \"validation_file\" needs task.validation_file"),
         ("eval_split = \"train\"", "invalid value `train`"),
         ("keep_best = true\neval_interval = 0", "keep_best needs periodic evaluations"),
+        ("keep_best = true\nkeep_best_tolerance = -1.0", "keep_best_tolerance must be a number >= 0"),
+        ("keep_best_tolerance = 1.0", "keep_best_tolerance is set but keep_best is false"),
         ("reward_learning_rate = 0.0", "reward_learning_rate must be > 0."),
         ("reward_num_train_epochs = 0", "reward_num_train_epochs must be >= 1."),
         ("reward_num_train_epochs = 100001", "reward_num_train_epochs must be <= 100000."),
@@ -415,4 +417,17 @@ fn every_bundled_config_loads() {
         Config::load(&file, &[]).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         Config::load_iterative(&file, &[]).unwrap_or_else(|e| panic!("{} (iterate): {e}", file.display()));
     }
+}
+
+/// `keep_best_tolerance` is read as a number of standard errors, an integer too; left at 0 it is
+/// not written back, so the run fingerprints made before it existed are unchanged.
+#[test]
+fn keep_best_tolerance_is_a_number_of_standard_errors() {
+    let base = "keep_best = true\neval_interval = 4\neval_num_samples = 8\n";
+    assert_eq!(load(base, &["keep_best_tolerance=1"]).unwrap().keep_best_tolerance, 1.0);
+    assert_eq!(load(base, &["keep_best_tolerance=0.5"]).unwrap().keep_best_tolerance, 0.5);
+    let plain = load(base, &[]).unwrap();
+    assert_eq!(plain.keep_best_tolerance, 0.0);
+    assert!(!plain.to_toml().contains("keep_best_tolerance"));
+    assert!(load(base, &["keep_best_tolerance=2"]).unwrap().to_toml().contains("keep_best_tolerance = 2"));
 }

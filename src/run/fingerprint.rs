@@ -20,6 +20,7 @@ use crate::config::Config;
 const NOT_IN_FINGERPRINT: &[&str] = &[
     "run_dir",
     "preference_replay_dir",
+    "keep_best_tolerance",
     "logging_steps",
     "eval_interval",
     "eval_num_samples",
@@ -43,6 +44,7 @@ const NOT_IN_FINGERPRINT: &[&str] = &[
 
 /// The keys of [`NOT_IN_FINGERPRINT`] that decide which agents `keep_best` saves.
 const KEEP_BEST_KEYS: &[&str] = &[
+    "keep_best_tolerance",
     "eval_interval",
     "eval_num_samples",
     "eval_batch_size",

@@ -22,6 +22,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 
 use super::optim::{AdamW, AdamWConfig};
+use super::summary::keeps_best;
 use crate::config::Config;
 use crate::evaluation::{evaluate, periodic_eval_items, periodic_eval_stream};
 use crate::model::LoadedModel;
@@ -382,7 +383,7 @@ impl<'a> Session<'a> {
     pub fn finish(self) -> Result<TrainingSummary> {
         let final_eval = self.eval.as_ref().and_then(|ev| ev.last);
         let best = self.progress.best;
-        let use_best = self.cfg.keep_best && best.is_some_and(|b| Some(b.update) != final_eval.map(|f| f.update));
+        let use_best = self.cfg.keep_best && keeps_best(best, final_eval, self.cfg.keep_best_tolerance);
         if self.team.is_some() {
             self.save_team(use_best)?;
             if self.cfg.agent_lora.as_ref().is_some_and(|l| l.save_merged) {
