@@ -16,7 +16,7 @@
 # (the last content token scored; `comlrl_quickstart.py --scorer`). `pbrloncomlrl` is `pbrlref`
 # trained on the pairs side `comlrl` collected (its `pairs.json`, converted by
 # comlrl_pairs_to_round.py; run it after `comlrl`): the same data, pbrl's training loop;
-# `comlrlonpbrl` is CoMLRL trained on the round side `pbrlref` (or `pbrlval`) collected. Where
+# `comlrlonpbrl` is CoMLRL trained on the round side `pbrlref` (`pbrlval`, `pbrlvallast`) collected. Where
 # keep-best saved earlier agents than the last, the last (`final_agents`) are evaluated too:
 # like_for_like.py reports them as the side `<side>final` (the saved agents where they were the
 # last).
@@ -64,8 +64,9 @@ for s in $SEEDS; do
         scorer=reference; [ "$side" = comlrlharness ] && scorer=harness
         pairs=()
         if [ "$side" = comlrlonpbrl ]; then
-          round=$(ls "$DIR"/pbrl{ref,val}-s$s/preference_replay/iteration_0001.json 2>/dev/null | head -1)
-          [ -n "$round" ] || { echo "comlrlonpbrl-s$s needs side pbrlref or pbrlval first" >&2; exit 2; }
+          # pbrl's collection does not depend on the training settings: these sides' rounds are one.
+          round=$(ls "$DIR"/pbrl{ref,val,vallast}-s$s/preference_replay/iteration_0001.json 2>/dev/null | head -1)
+          [ -n "$round" ] || { echo "comlrlonpbrl-s$s needs side pbrlref, pbrlval or pbrlvallast first" >&2; exit 2; }
           pairs=(--pairs "$round")
         fi
         t=$(timed "$DIR/logs/$side-s$s.log" "$VENV/bin/python" scripts/study/comlrl_quickstart.py --out "$run" --seed "$s" \
