@@ -17,9 +17,9 @@
 # trained on the pairs side `comlrl` collected (its `pairs.json`, converted by
 # comlrl_pairs_to_round.py; run it after `comlrl`): the same data, pbrl's training loop;
 # `comlrlonpbrl` is CoMLRL trained on the round side `pbrlref` (`pbrlval`, `pbrlvallast`)
-# collected. Where keep-best saved earlier agents than the last, the last (`final_agents`) are evaluated too:
-# like_for_like.py reports them as the side `<side>final` (the saved agents where they were the
-# last).
+# collected. Where keep-best saved earlier agents than the last, the last (`final_agents`) are
+# evaluated too: like_for_like.py reports them as the side `<side>final` (the saved agents where
+# they were the last).
 #   DIR=study dir (default runs/like-for-like)  SEEDS="1 2 3"  THREADS=1  SIDES="pbrl comlrl"
 #   VENV=.venv-bench (torch, transformers, gguf, datasets, comlrl 1.4.3; scripts/bench.sh makes it)
 # A step whose output exists is skipped, so a cut study resumes where it stopped.
