@@ -1,12 +1,15 @@
 """Summarize scripts/study/like_for_like.sh: per side and seed, the eval reward of the base team
 and of the trained team, the paired gain (per-prompt mean after minus before) with its standard
 error over prompts, and the training time (collection + training, evaluations excluded); per
-side, the mean gain over seeds with its standard error over seeds; for every two sides (pbrl's
-final agents as the side `<side>final`), their
+side, the mean gain over seeds with its standard error over seeds; for every two sides their
 difference on the seeds both ran, paired by prompt (the two trained teams' evaluations start from
-the same base), and its mean over those seeds.
-Usage: python3 scripts/study/like_for_like.py STUDY_DIR"""
+the same base), and its mean over those seeds. pbrl's final agents are the side `<side>final`;
+with `--keep-best-tolerance T`, the side `<side>tol` holds, per run with keep-best, the agents
+pbrl's `keep_best_tolerance = T` saves (`src/train/summary.rs`, `keeps_best`): the final ones
+unless their last periodic evaluation fell more than T standard errors below the best one.
+Usage: python3 scripts/study/like_for_like.py STUDY_DIR [--keep-best-tolerance T]"""
 import glob
+import json
 import math
 import sys
 from collections import defaultdict
@@ -22,7 +25,23 @@ def mean_se(xs):
     return m, se
 
 
-def main(study):
+def report_gain(side, seed, before, now, chars, gains, note):
+    diffs = [now[k] - before[k] for k in before]
+    g, se = mean_se(diffs)
+    gains[side].append(g)
+    b = sum(before.values()) / len(before)
+    print(f"{side:7} seed {seed}: {b:.3f} -> {b + g:.3f}, gain {g:+.3f} +/- {se:.3f} "
+          f"({len(diffs)} prompts), {note}, answers {[round(c) for c in chars]} chars")
+
+
+def keeps_best(summary, tolerance):
+    """pbrl's rule (`keeps_best`): the best evaluation's agents replace the final ones only when
+    the final evaluation is below the best by more than `tolerance` of the best's standard errors."""
+    best, last = summary["best_eval"], summary["final_eval"]
+    return best["update"] != last["update"] and last["reward_mean"] < best["reward_mean"] - tolerance * best["reward_stderr"]
+
+
+def main(study, tolerance=None):
     times = defaultdict(float)
     for line in open(study / "times"):
         run, step, secs = line.split()
@@ -43,12 +62,13 @@ def main(study):
             final = after.parent / "final-after.json"
             if final.is_file() or not (after.parent / "final_agents").is_dir():
                 afters[side + "final"][seed] = per_prompt(final if final.is_file() else after)[0]
-        diffs = [now[k] - before[k] for k in before]
-        g, se = mean_se(diffs)
-        gains[side].append(g)
-        b = sum(before.values()) / len(before)
-        print(f"{side:7} seed {seed}: {b:.3f} -> {b + g:.3f}, gain {g:+.3f} +/- {se:.3f} "
-              f"({len(diffs)} prompts), train {times[after.parent.name]:.0f} s, answers {[round(c) for c in chars]} chars")
+                summary = json.loads((after.parent / "training_summary.json").read_text())
+                if tolerance is not None and summary.get("best_eval") and summary.get("final_eval"):
+                    kept = after if keeps_best(summary, tolerance) or not final.is_file() else final
+                    afters[side + "tol"][seed], tol_chars = per_prompt(kept)
+                    report_gain(side + "tol", seed, before, afters[side + "tol"][seed], tol_chars, gains,
+                                f"saved {'best' if kept == after else 'final'} at tolerance {tolerance}")
+        report_gain(side, seed, before, now, chars, gains, f"train {times[after.parent.name]:.0f} s")
     for side, gs in gains.items():
         m, se = mean_se(gs)
         print(f"{side:7} mean gain over {len(gs)} seeds: {m:+.3f} +/- {se:.3f}")
@@ -69,4 +89,7 @@ def main(study):
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    args = sys.argv[1:]
+    if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--keep-best-tolerance"):
+        sys.exit(__doc__)
+    main(Path(args[0]), float(args[2]) if len(args) == 3 else None)
