@@ -65,7 +65,7 @@ for s in $SEEDS; do
         pairs=()
         if [ "$side" = comlrlonpbrl ]; then
           # pbrl's collection does not depend on the training settings: these sides' rounds are one.
-          round=$(ls "$DIR"/pbrl{ref,val,vallast}-s$s/preference_replay/iteration_0001.json 2>/dev/null | head -1)
+          round=$(ls "$DIR"/pbrl{ref,val,vallast}-s$s/preference_replay/iteration_0001.json 2>/dev/null | head -1 || true)
           [ -n "$round" ] || { echo "comlrlonpbrl-s$s needs side pbrlref, pbrlval or pbrlvallast first" >&2; exit 2; }
           pairs=(--pairs "$round")
         fi
