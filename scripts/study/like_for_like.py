@@ -64,10 +64,12 @@ def main(study, tolerance=None):
                 afters[side + "final"][seed] = per_prompt(final if final.is_file() else after)[0]
                 summary = json.loads((after.parent / "training_summary.json").read_text())
                 if tolerance is not None and summary.get("best_eval") and summary.get("final_eval"):
-                    kept = after if keeps_best(summary, tolerance) or not final.is_file() else final
+                    # Without final-after.json the saved agents were the final ones.
+                    best = final.is_file() and keeps_best(summary, tolerance)
+                    kept = after if best or not final.is_file() else final
                     afters[side + "tol"][seed], tol_chars = per_prompt(kept)
                     report_gain(side + "tol", seed, before, afters[side + "tol"][seed], tol_chars, gains,
-                                f"saved {'best' if kept == after else 'final'} at tolerance {tolerance}")
+                                f"saved {'best' if best else 'final'} at tolerance {tolerance}")
         report_gain(side, seed, before, now, chars, gains, f"train {times[after.parent.name]:.0f} s")
     for side, gs in gains.items():
         m, se = mean_se(gs)
