@@ -45,7 +45,9 @@ def save_plain(model, tok, agent_dir):
 def pairs_from_round(tok, path):
     """A pbrl round file (`iteration_NNNN.json`) as CoMLRL's training pairs: each text tokenized as
     CoMLRL tokenizes its own, a finished completion (pbrl's `*_finished`) followed by the end-of-turn
-    as sampled, so that CoMLRL's scorer cuts and scores it as it would its own sample."""
+    as sampled, so that CoMLRL's scorer cuts and scores it as it would its own sample (what it
+    scores is then what CoMLRL's own round-file reader, `MADPOIterTrainer._preference_tensors_from_text`,
+    gives it: the end-of-turn and the last content token are left out either way)."""
     from comlrl.trainers.preference.madpo import AgentPreferenceTensors, PreferencePair
     end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
 
