@@ -248,6 +248,41 @@ fn keep_best_tolerance_keeps_the_last_agents_within_it() {
     assert!(!run.join("final_agents").exists(), "the saved agents are the final ones");
 }
 
+/// The periodic evaluations draw their own random streams and leave the weights alone: the final
+/// agents of a keep-best run are those of the same training without evaluations.
+#[test]
+fn periodic_evaluations_do_not_change_the_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("val.jsonl"), "{\"prompt\": \"w1 w2\"}\n{\"prompt\": \"w5 w6\"}\n").unwrap();
+    setup(d, "num_train_epochs = 6");
+    let train = |run_dir: &str, keys: &[&str]| {
+        copy_dir(&d.join("run/preference_replay"), &d.join(run_dir).join("preference_replay"));
+        let mut args = vec!["train-madpo", "--config", "c.toml", "--run-dir", run_dir];
+        args.extend(keys);
+        ok(pbrl(&args, d));
+    };
+    train("plain", &[]);
+    let evaluated = [
+        "eval_split=\"validation_file\"",
+        "task.validation_file=\"val.jsonl\"",
+        "keep_best=true",
+        "eval_interval=1",
+        "eval_num_samples=2",
+        "eval_samples_per_item=2",
+    ];
+    train("evaluated", &evaluated);
+    let weights = |p: String| std::fs::read(d.join(p)).unwrap();
+    let last = if d.join("evaluated/final_agents").exists() { "final_agents" } else { "agents" };
+    for i in 0..2 {
+        assert!(
+            weights(format!("plain/agents/agent_{i}/model.safetensors"))
+                == weights(format!("evaluated/{last}/agent_{i}/model.safetensors")),
+            "agent {i}: the evaluations changed the trained weights"
+        );
+    }
+}
+
 /// `eval_split = "validation_file"`: collection takes every train item, and keep-best evaluates
 /// the validation file's items (a bad item there is reported as the validation file's).
 #[test]
