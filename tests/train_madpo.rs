@@ -231,7 +231,7 @@ fn keep_best_tolerance_keeps_the_last_agents_within_it() {
     );
     let train = |tolerance: &str| {
         let run_dir = format!("run_{tolerance}");
-        copy_dir(&d.join("run/preference_replay"), &d.join(&run_dir).join("preference_replay"));
+        copy_round(d, &run_dir);
         let tol = format!("keep_best_tolerance={tolerance}");
         ok(pbrl(&["train-madpo", "--config", "c.toml", "--run-dir", &run_dir, &tol], d));
         let text = std::fs::read_to_string(d.join(&run_dir).join("training_summary.json")).unwrap();
@@ -257,7 +257,7 @@ fn periodic_evaluations_do_not_change_the_training() {
     std::fs::write(d.join("val.jsonl"), "{\"prompt\": \"w1 w2\"}\n{\"prompt\": \"w5 w6\"}\n").unwrap();
     setup(d, "num_train_epochs = 6");
     let train = |run_dir: &str, keys: &[&str]| {
-        copy_dir(&d.join("run/preference_replay"), &d.join(run_dir).join("preference_replay"));
+        copy_round(d, run_dir);
         let mut args = vec!["train-madpo", "--config", "c.toml", "--run-dir", run_dir];
         args.extend(keys);
         ok(pbrl(&args, d));

@@ -20,6 +20,9 @@ from transformers import AutoTokenizer  # noqa: E402
 
 
 def main(pairs_path, round_path):
+    out = Path(round_path)
+    if not (out.name.startswith("iteration_") and out.suffix == ".json" and out.stem[10:].isdigit()):
+        sys.exit(f"{round_path}: a round file is named iteration_NNNN.json")
     tok = AutoTokenizer.from_pretrained(GGUF_DIR, gguf_file=GGUF)
     stops = {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
     pairs = json.loads(Path(pairs_path).read_text())
@@ -45,9 +48,6 @@ def main(pairs_path, round_path):
             "loser_completions": p["loser_completions"], "winner_reward": p["winner_reward"],
             "loser_reward": p["loser_reward"], "candidate_reward_mean": p["candidate_reward_mean"],
             "winner_finished": finished["winner"], "loser_finished": finished["loser"]})
-    out = Path(round_path)
-    if not (out.name.startswith("iteration_") and out.suffix == ".json" and out.stem[10:].isdigit()):
-        sys.exit(f"{round_path}: a round file is named iteration_NNNN.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"iteration": int(out.stem[10:]), "num_pairs": len(records), "pairs": records}))
     print(f"{len(records)} pairs -> {out}; {other_ids} of {completions} completions re-encode to other ids")
