@@ -19,13 +19,17 @@
 # `comlrlonpbrl` is CoMLRL trained on the round side `pbrlref` (`pbrlval`, `pbrlvallast`)
 # collected. Where keep-best saved earlier agents than the last, the last (`final_agents`) are
 # evaluated too: like_for_like.py reports them as the side `<side>final` (the saved agents where
-# they were the last).
+# they were the last). `pbrlvallin` is `pbrlvallast` with the rate decayed linearly to 0 (the
+# quickstart's schedule), for training that holds its gain with the last token scored.
+# ROUND_FROM=SIDE trains a pbrl side on the round SIDE collected for the same seed instead of
+# collecting again (collection reads neither the scorer nor the schedule, so it is the same round).
 #   DIR=study dir (default runs/like-for-like)  SEEDS="1 2 3"  THREADS=1  SIDES="pbrl comlrl"
 #   VENV=.venv-bench (torch, transformers, gguf, datasets, comlrl 1.4.3; scripts/bench.sh makes it)
 # A step whose output exists is skipped, so a cut study resumes where it stopped.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DIR=${DIR:-runs/like-for-like}; SEEDS=${SEEDS:-1 2 3}; T=${THREADS:-1}; SIDES=${SIDES:-pbrl comlrl}
+ROUND_FROM=${ROUND_FROM:-}
 VENV=${VENV:-.venv-bench}
 source scripts/study/study-common.sh
 mkdir -p "$DIR/logs"
@@ -49,11 +53,18 @@ for s in $SEEDS; do
             task.validation_file=\"data/length_ratio/validation.jsonl\") ;;
           pbrlvallast) extra=("${reference[@]}" eval_split=\"validation_file\"
             task.validation_file=\"data/length_ratio/validation.jsonl\" score_last_token=true) ;;
+          pbrlvallin) extra=(madpo_reference=false dpo_beta=0.1 lr_scheduler_type=\"linear\"
+            eval_split=\"validation_file\" task.validation_file=\"data/length_ratio/validation.jsonl\"
+            score_last_token=true) ;;
           *) echo "unknown side $side" >&2; exit 2 ;;
         esac
         if [ "$side" = pbrloncomlrl ]; then
           "$VENV/bin/python" scripts/study/comlrl_pairs_to_round.py "$DIR/comlrl-s$s/pairs.json" \
             "$run/preference_replay/iteration_0001.json" > "$DIR/logs/$side-s$s.round.log" 2>&1
+        elif [ -n "$ROUND_FROM" ]; then
+          round=$DIR/$ROUND_FROM-s$s/preference_replay/iteration_0001.json
+          [ -f "$round" ] || { echo "ROUND_FROM=$ROUND_FROM: no $round" >&2; exit 2; }
+          mkdir -p "$run/preference_replay" && cp "$round" "$run/preference_replay/"
         else
           t=$(timed "$DIR/logs/$side-s$s.collect.log" "$PBRL" collect "${cfg[@]}" --run-dir "$run" "${extra[@]}")
           echo "$side-s$s collect $t" >> "$DIR/times"
