@@ -47,7 +47,7 @@ rm -rf "$OUT/collect-run"
 common=(--config configs/quickstart.toml --run-dir "$OUT/collect-run" --threads "$T" task.train_file="$OUT/train8.jsonl"
   preference_num_candidates=4 preference_pairs_per_sample=2 max_new_tokens=32 temperature=0.6 top_p=0.6 top_k=50
   collect_batch_size=8 train_batch_size=2 num_train_epochs=1 agent_learning_rate=5e-6 dpo_beta=0.1 eval_interval=0
-  madpo_reference=false keep_best=false eval_split=eval_file)
+  madpo_reference=false score_last_token=false keep_best=false eval_split=eval_file)
 echo "== pbrl collect"; measure "$OUT/pbrl_collect.json" target/release/pbrl collect "${common[@]}"
 echo "== pbrl train-madpo"; measure "$OUT/pbrl_madpo.json" target/release/pbrl train-madpo "${common[@]}"
 # The same collect + MADPO with LoRA agents, over an f32 and a q8_0 base.
