@@ -6,9 +6,10 @@
 # prompts x 4 samples with the same seed, and scripts/study/like_for_like.py prints the paired
 # gains (per prompt, after minus before) with their standard errors and the times. A third side,
 # `pbrlref`, is pbrl running the reference's own MADPO (reference-free, beta 0.1, a constant
-# rate, no keep-best, all train items): the same algorithm as CoMLRL's, in pbrl. A fourth,
-# `pbrlval`, is `pbrlref` with keep-best on a validation file (data/length_ratio/validation.jsonl,
-# 16 prompts that are neither trained on nor evaluated by `pbrl eval`), every 12 updates, and
+# rate, the reference's scorer, no keep-best, all train items): the same algorithm as CoMLRL's,
+# in pbrl. A fourth, `pbrlval`, is `pbrlref` with keep-best on a validation file
+# (data/length_ratio/validation.jsonl, 16 prompts that are neither trained on nor evaluated by
+# `pbrl eval`), every 12 updates, and
 # `pbrlvallast` is `pbrlval` scoring every response token and its end-of-turn
 # (score_last_token = true; the reference's scorer leaves the last two out). The
 # side `comlrl` runs CoMLRL with the reference's scorer on SmolLM2 (completions cut at the
@@ -45,7 +46,7 @@ for s in $SEEDS; do
     if [ ! -f "$run/agents/team.json" ]; then
       rm -rf "$run"
       if [ "${side#comlrl}" = "$side" ]; then
-        reference=(madpo_reference=false dpo_beta=0.1 lr_scheduler_type=\"constant\")
+        reference=(madpo_reference=false dpo_beta=0.1 lr_scheduler_type=\"constant\" score_last_token=false)
         case $side in
           pbrl) extra=() ;;
           pbrlref|pbrloncomlrl) extra=("${reference[@]}" keep_best=false eval_split=\"eval_file\" eval_interval=0) ;;
