@@ -67,6 +67,19 @@ def pairs_from_round(tok, path):
     return pairs
 
 
+def madpo_trainer(qs, tok, agents, formatter, items, **config):
+    """CoMLRL's MADPOTrainer on the quickstart's team, items, sampling settings and reward; `config`
+    adds MADPOConfig fields (the collection and training budget)."""
+    from comlrl.trainers.preference import MADPOConfig, MADPOTrainer
+    from datasets import Dataset
+
+    args = MADPOConfig(num_agents=2, max_new_tokens=max(qs["max_new_tokens"]), temperature=qs["temperature"],
+                       top_p=qs["top_p"], top_k=qs["top_k"], eval_interval=0, agent_devices=["cpu", "cpu"], **config)
+    return MADPOTrainer(agents=agents, num_agents=2, tokenizer=tok, train_dataset=Dataset.from_list(items),
+                        reward_func=lambda c1, c2: [length_ratio(c1[0], c2[0])],
+                        formatters=[formatter(0), formatter(1)], args=args)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -88,8 +101,7 @@ def main():
     os.environ.setdefault("WANDB_MODE", "disabled")
     random.seed(a.seed)
     torch.manual_seed(a.seed)
-    from comlrl.trainers.preference import MADPOConfig, MADPOTrainer
-    from datasets import Dataset
+    from comlrl.trainers.preference import MADPOTrainer
 
     qs = tomllib.loads((ROOT / "configs" / "quickstart.toml").read_text())
     assert qs["reward"]["kind"] == "length_ratio" and (qs["reward"]["target_min"], qs["reward"]["target_max"]) == (2.0, 3.0)
@@ -97,16 +109,12 @@ def main():
     tok, agents, formatter = quickstart_team()
     lines = (ROOT / qs["task"]["train_file"]).read_text().splitlines()
     items = [json.loads(l) for l in lines[: a.items]]
-    args = MADPOConfig(
-        num_train_epochs=qs["num_train_epochs"], num_agents=2, max_new_tokens=max(limits),
-        temperature=qs["temperature"], top_p=qs["top_p"], top_k=qs["top_k"],
+    trainer = madpo_trainer(
+        qs, tok, agents, formatter, items, num_train_epochs=qs["num_train_epochs"],
         preference_num_candidates=qs["preference_num_candidates"],
-        preference_pairs_per_sample=qs["preference_pairs_per_sample"], eval_interval=0,
-        agent_devices=["cpu", "cpu"], train_batch_size=qs["train_batch_size"],
-        agent_learning_rate=qs["agent_learning_rate"])
-    trainer = MADPOTrainer(agents=agents, num_agents=2, tokenizer=tok, train_dataset=Dataset.from_list(items),
-                           reward_func=lambda c1, c2: [length_ratio(c1[0], c2[0])],
-                           formatters=[formatter(0), formatter(1)], args=args)
+        preference_pairs_per_sample=qs["preference_pairs_per_sample"],
+        train_batch_size=qs["train_batch_size"], agent_learning_rate=qs["agent_learning_rate"])
+    args = trainer.args
     if a.scorer == "reference":
         # The harness's pad is <|endoftext|> (bench_comlrl.quickstart_team: CoMLRL cuts prompts at
         # the first pad, and a chat prompt holds <|im_end|>), so CoMLRL's scorer would cut a

@@ -47,16 +47,15 @@ for s in $SEEDS; do
       rm -rf "$run"
       if [ "${side#comlrl}" = "$side" ]; then
         reference=(madpo_reference=false dpo_beta=0.1 lr_scheduler_type=\"constant\" score_last_token=false)
+        # keep-best on the validation file; a later KEY=VALUE overrides an earlier one
+        validation=("${reference[@]}" eval_split=\"validation_file\"
+          task.validation_file=\"data/length_ratio/validation.jsonl\")
         case $side in
           pbrl) extra=() ;;
           pbrlref|pbrloncomlrl) extra=("${reference[@]}" keep_best=false eval_split=\"eval_file\" eval_interval=0) ;;
-          pbrlval) extra=("${reference[@]}" eval_split=\"validation_file\"
-            task.validation_file=\"data/length_ratio/validation.jsonl\") ;;
-          pbrlvallast) extra=("${reference[@]}" eval_split=\"validation_file\"
-            task.validation_file=\"data/length_ratio/validation.jsonl\" score_last_token=true) ;;
-          pbrlvallin) extra=(madpo_reference=false dpo_beta=0.1 lr_scheduler_type=\"linear\"
-            eval_split=\"validation_file\" task.validation_file=\"data/length_ratio/validation.jsonl\"
-            score_last_token=true) ;;
+          pbrlval) extra=("${validation[@]}") ;;
+          pbrlvallast) extra=("${validation[@]}" score_last_token=true) ;;
+          pbrlvallin) extra=("${validation[@]}" score_last_token=true lr_scheduler_type=\"linear\") ;;
           *) echo "unknown side $side" >&2; exit 2 ;;
         esac
         if [ "$side" = pbrloncomlrl ]; then

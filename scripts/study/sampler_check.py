@@ -15,7 +15,6 @@ on the same items; is it the sampler?).
 """
 import argparse
 import json
-import math
 import os
 import random
 import sys
@@ -25,13 +24,13 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from study_summary import paired  # noqa: E402
 
 
 def draw(a):
     import torch
     from bench_comlrl import ROOT, length_ratio, quickstart_team
-    from comlrl.trainers.preference import MADPOConfig, MADPOTrainer
-    from datasets import Dataset
+    from comlrl_quickstart import madpo_trainer
 
     torch.set_num_threads(a.threads)
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -42,12 +41,7 @@ def draw(a):
     tok, agents, formatter = quickstart_team()
     lines = (ROOT / qs["task"]["train_file"]).read_text().splitlines()
     items = [json.loads(l) for l in lines[: a.items]]
-    args = MADPOConfig(num_train_epochs=1, num_agents=2, max_new_tokens=max(limits),
-                       temperature=qs["temperature"], top_p=qs["top_p"], top_k=qs["top_k"],
-                       agent_devices=["cpu", "cpu"], eval_interval=0)
-    trainer = MADPOTrainer(agents=agents, num_agents=2, tokenizer=tok, train_dataset=Dataset.from_list(items),
-                           reward_func=lambda c1, c2: [length_ratio(c1[0], c2[0])],
-                           formatters=[formatter(0), formatter(1)], args=args)
+    trainer = madpo_trainer(qs, tok, agents, formatter, items, num_train_epochs=1)
     end_of_turn = tok.convert_tokens_to_ids("<|im_end|>")
     rows = []
     start = time.perf_counter()
@@ -68,44 +62,39 @@ def draw(a):
 
 
 def by_item(path):
-    """item prompt -> (rewards, chars of each agent, finished of each agent or None)."""
-    d = json.loads(Path(path).read_text())
-    out = defaultdict(lambda: ([], [[], []], [[], []]))
-    for r in d["items"]:
-        rewards, chars, fin = out[r["item"]["prompt"]]
-        rewards.append(r["reward"])
-        for i in range(2):
-            chars[i].append(len(r["completions"][i]))
-            if "finished" in r:
-                fin[i].append(bool(r["finished"][i]))
-    return out
-
-
-def mean_se(xs):
-    m = sum(xs) / len(xs)
-    var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else 0.0
-    return m, math.sqrt(var / len(xs))
+    """Per item (keyed as study_summary.per_prompt keys it): the mean reward and each agent's mean
+    characters; and each agent's share of finished answers over all rows (None when the report
+    does not record it, as pbrl's eval reports do not)."""
+    rows = json.loads(Path(path).read_text())["items"]
+    groups = defaultdict(list)
+    for r in rows:
+        groups[json.dumps(r["item"], sort_keys=True)].append(r)
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    reward = {k: mean([r["reward"] for r in g]) for k, g in groups.items()}
+    chars = [{k: mean([len(r["completions"][i]) for r in g]) for k, g in groups.items()} for i in range(2)]
+    finished = [mean([bool(r["finished"][i]) for r in rows]) if "finished" in rows[0] else None for i in range(2)]
+    return reward, chars, finished
 
 
 def compare(hf_path, pbrl_path):
-    hf, pb = by_item(hf_path), by_item(pbrl_path)
-    common = [k for k in hf if k in pb]
+    (hf_r, hf_c, hf_f), (pb_r, pb_c, pb_f) = by_item(hf_path), by_item(pbrl_path)
+    common = [k for k in hf_r if k in pb_r]
     if not common:
         sys.exit("no item in common: were both drawn on the same train items?")
-    for name, side in (("hf", hf), ("pbrl", pb)):
-        r = mean_se([sum(side[k][0]) / len(side[k][0]) for k in common])
-        line = f"{name:5} reward {r[0]:.3f} +/- {r[1]:.3f}"
+    only = lambda d: {k: d[k] for k in common}  # noqa: E731
+    zero = dict.fromkeys(common, 0.0)
+    for name, r, c, f in (("hf", hf_r, hf_c, hf_f), ("pbrl", pb_r, pb_c, pb_f)):
+        m, se = paired(zero, only(r))  # the mean over items and its standard error
+        line = f"{name:5} reward {m:.3f} +/- {se:.3f}"
         for i in range(2):
-            c = [x for k in common for x in side[k][1][i]]
-            line += f"  agent {i}: {sum(c) / len(c):.0f} chars"
-            f = [x for k in common for x in side[k][2][i]]
-            if f:
-                line += f", {sum(f) / len(f):.2f} finished"
+            line += f"  agent {i}: {paired(zero, only(c[i]))[0]:.0f} chars"
+            if f[i] is not None:
+                line += f", {f[i]:.2f} finished"
         print(line)
-    for what, get in (("reward", lambda s, k: s[k][0]), ("agent 0 chars", lambda s, k: s[k][1][0]),
-                      ("agent 1 chars", lambda s, k: s[k][1][1])):
-        d = mean_se([sum(get(hf, k)) / len(get(hf, k)) - sum(get(pb, k)) / len(get(pb, k)) for k in common])
-        print(f"hf - pbrl {what}, paired by item over {len(common)} items: {d[0]:+.3f} +/- {d[1]:.3f}")
+    for what, h, p in (("reward", hf_r, pb_r), ("agent 0 chars", hf_c[0], pb_c[0]),
+                       ("agent 1 chars", hf_c[1], pb_c[1])):
+        m, se = paired(only(p), h)
+        print(f"hf - pbrl {what}, paired by item over {len(common)} items: {m:+.3f} +/- {se:.3f}")
 
 
 def main():
