@@ -419,6 +419,22 @@ fn every_bundled_config_loads() {
     }
 }
 
+/// The carry-over task (`configs/tips_guides.toml`) runs the quickstart's settings on other
+/// prompts and roles: its resolved config differs from the quickstart's only in the run
+/// directory and the `[task]` table, so a change to the quickstart's settings cannot leave the
+/// carry-over check measuring older ones.
+#[test]
+fn the_carry_over_task_has_the_quickstarts_settings() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+    let resolved = |name: &str| -> toml::Table {
+        let c = Config::load_iterative(&dir.join(name), &[]).unwrap();
+        let mut t: toml::Table = c.to_toml().parse().unwrap();
+        assert!(t.remove("run_dir").is_some() && t.remove("task").is_some(), "{name}");
+        t
+    };
+    assert_eq!(resolved("tips_guides.toml"), resolved("quickstart.toml"));
+}
+
 /// `keep_best_tolerance` is read as a number of standard errors, an integer too; left at 0 it is
 /// not written back, so the run fingerprints made before it existed are unchanged.
 #[test]
