@@ -24,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from study_summary import paired  # noqa: E402
+from study_summary import mean_se, paired  # noqa: E402
 
 
 def draw(a):
@@ -82,12 +82,11 @@ def compare(hf_path, pbrl_path):
     if not common:
         sys.exit("no item in common: were both drawn on the same train items?")
     only = lambda d: {k: d[k] for k in common}  # noqa: E731
-    zero = dict.fromkeys(common, 0.0)
     for name, r, c, f in (("hf", hf_r, hf_c, hf_f), ("pbrl", pb_r, pb_c, pb_f)):
-        m, se = paired(zero, only(r))  # the mean over items and its standard error
+        m, se = mean_se([r[k] for k in common])
         line = f"{name:5} reward {m:.3f} +/- {se:.3f}"
         for i in range(2):
-            line += f"  agent {i}: {paired(zero, only(c[i]))[0]:.0f} chars"
+            line += f"  agent {i}: {mean_se([c[i][k] for k in common])[0]:.0f} chars"
             if f[i] is not None:
                 line += f", {f[i]:.2f} finished"
         print(line)

@@ -38,12 +38,16 @@ def report_of(log):
     raise SystemExit(f"{log}: no report line")
 
 
-def paired(before, after):
-    d = [after[k] - before[k] for k in before]
-    n = len(d)
-    m = sum(d) / n
-    sd = math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
+def mean_se(xs):
+    """The mean of `xs` and its standard error."""
+    n = len(xs)
+    m = sum(xs) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
     return m, sd / math.sqrt(n)
+
+
+def paired(before, after):
+    return mean_se([after[k] - before[k] for k in before])
 
 
 def main():
