@@ -5,6 +5,9 @@
 # run directory, full and LoRA (r 16, alpha 32, all projections, the LoRA learning rate LR),
 # each followed by `eval` of the saved agents. 1 thread per job; run seeds as parallel jobs.
 #   scripts/study/lora_study.sh SEED [LR]      (default LR 1e-4; DIR, default /tmp/lora-study)
+# VARIANTS="lora" trains the LoRA agents only: pair them with full fine-tunes trained on the same
+# round elsewhere by placing that run (or a link to it) at DIR/full-sSEED and its base run, with
+# the round and the base evaluation, at DIR/base-sSEED.
 # Then: python3 scripts/study/study_summary.py lora DIR SEED...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,7 +22,7 @@ run() { # run NAME STAGE ARGS...
 base=base-s$SEED
 [ -f "$DIR/$base/preference_replay/iteration_0001.json" ] || { run $base eval; run $base collect; }
 lora=(agent_lora.r=16 agent_lora.alpha=32 agent_learning_rate="$LR")
-for variant in full lora; do
+for variant in ${VARIANTS:-full lora}; do
   d=$variant-s$SEED; [ $variant = lora ] && d=lora-lr$LR-s$SEED
   rm -rf "${DIR:?}/$d"; mkdir -p "$DIR/$d"
   cp -r "$DIR/$base/preference_replay" "$DIR/$base/eval" "$DIR/$d/"

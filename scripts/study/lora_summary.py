@@ -5,18 +5,11 @@ the last its saved agents'), their paired difference, and the mean ± s.e. over 
 
   lora_summary.py DIR [LR]      (default LR 1e-4)
 """
-import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from study_summary import per_prompt  # noqa: E402
-
-
-def mean_se(x):
-    n = len(x)
-    m = sum(x) / n
-    return m, (math.sqrt(sum((v - m) ** 2 for v in x) / (n - 1) / n) if n > 1 else 0.0)
+from study_summary import mean_se, per_prompt  # noqa: E402
 
 
 def main(root, lr):
