@@ -15,8 +15,8 @@ SEED=$1; LR=${2:-1e-4}
 DIR=${DIR:-/tmp/lora-study}
 source scripts/study/study-common.sh
 run() { # run NAME STAGE ARGS...
-  local d=$DIR/$1 stage=$2; shift 2
-  echo "$1 $stage $(timed "$DIR/$(basename $d).$stage.log" nice "$PBRL" "$stage" --config configs/quickstart.toml \
+  local name=$1 d=$DIR/$1 stage=$2; shift 2
+  echo "$name $stage $(timed "$DIR/$name.$stage.log" nice "$PBRL" "$stage" --config configs/quickstart.toml \
     --threads 1 --run-dir "$d" seed="$SEED" "$@")" >> "$DIR/times"
 }
 base=base-s$SEED
