@@ -2,16 +2,17 @@
 # LoRA agents against full fine-tuning on the quickstart (docs/lora-study.md): per seed, the
 # shipped config's base eval and round (`collect`: fresh adapters leave the base's logits as
 # they are, so the round is the full agents' round), then `train-madpo` twice on copies of that
-# run directory, full and LoRA (r 16, alpha 32, all projections, the LoRA learning rate LR),
+# run directory, full and LoRA (rank R, alpha 2R, all projections, the LoRA learning rate LR),
 # each followed by `eval` of the saved agents. 1 thread per job; run seeds as parallel jobs.
-#   scripts/study/lora_study.sh SEED [LR]      (default LR 1e-4; DIR, default /tmp/lora-study)
+#   scripts/study/lora_study.sh SEED [LR]      (default LR 1e-4; R, default 16; DIR, default
+#                                               /tmp/lora-study)
 # VARIANTS="lora" trains the LoRA agents only: pair them with full fine-tunes trained on the same
 # round elsewhere by placing that run (or a link to it) at DIR/full-sSEED and its base run, with
 # the round and the base evaluation, at DIR/base-sSEED.
-# Then: python3 scripts/study/study_summary.py lora DIR SEED...
+# Then: python3 scripts/study/lora_summary.py DIR [LR] [R]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SEED=$1; LR=${2:-1e-4}
+SEED=$1; LR=${2:-1e-4}; R=${R:-16}
 DIR=${DIR:-/tmp/lora-study}
 source scripts/study/study-common.sh
 run() { # run NAME STAGE ARGS...
@@ -21,9 +22,10 @@ run() { # run NAME STAGE ARGS...
 }
 base=base-s$SEED
 [ -f "$DIR/$base/preference_replay/iteration_0001.json" ] || { run $base eval; run $base collect; }
-lora=(agent_lora.r=16 agent_lora.alpha=32 agent_learning_rate="$LR")
+lora=(agent_lora.r="$R" agent_lora.alpha=$((2 * R)) agent_learning_rate="$LR")
+lora_name=lora-lr$LR-s$SEED; [ "$R" = 16 ] || lora_name=lora-r$R-lr$LR-s$SEED
 for variant in ${VARIANTS:-full lora}; do
-  d=$variant-s$SEED; [ $variant = lora ] && d=lora-lr$LR-s$SEED
+  d=$variant-s$SEED; [ $variant = lora ] && d=$lora_name
   rm -rf "${DIR:?}/$d"; mkdir -p "$DIR/$d"
   cp -r "$DIR/$base/preference_replay" "$DIR/$base/eval" "$DIR/$d/"
   extra=(); [ $variant = lora ] && extra=("${lora[@]}")
