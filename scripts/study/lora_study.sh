@@ -31,4 +31,10 @@ for variant in ${VARIANTS:-full lora}; do
   extra=(); [ $variant = lora ] && extra=("${lora[@]}")
   run "$d" train-madpo "${extra[@]}"
   run "$d" eval "${extra[@]}"
+  # Where keep-best saved earlier agents than the last, the last too (final − saved on the eval
+  # prompts: the overshoot check the saved agents were not chosen on), in a run directory of its
+  # own so that the run's last report stays the saved agents'.
+  if [ -d "$DIR/$d/final_agents" ]; then
+    run "$d/final-after" eval "${extra[@]}" --team "$DIR/$d/final_agents"
+  fi
 done
