@@ -3,7 +3,8 @@
 and the LoRA agents over the base (eval reports: the first of a run directory is the base team's,
 the last its saved agents'), their paired difference, and the mean ± s.e. over seeds.
 
-  lora_summary.py DIR [LR] [R]      (default LR 1e-4, R 16: lora_study.sh's run names)
+  lora_summary.py DIR [NAME]      (NAME: lora_study.sh's LoRA run name without -sSEED, default
+                                   lora-lr1e-4)
 """
 import sys
 from pathlib import Path
@@ -12,11 +13,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from study_summary import mean_se, per_prompt  # noqa: E402
 
 
-def main(root, lr, rank):
+def main(root, name):
     gains = {"full": [], "lora": [], "lora - full": []}
     for full in sorted(root.glob("full-s*")):
         seed = full.name.split("-s")[-1]
-        lora = root / (f"lora-lr{lr}-s{seed}" if rank == "16" else f"lora-r{rank}-lr{lr}-s{seed}")
+        lora = root / f"{name}-s{seed}"
         reports = [sorted((d / "eval").glob("*.json")) for d in (full, lora)]
         if any(len(r) < 2 for r in reports):
             print(f"seed {seed}: incomplete")
@@ -36,4 +37,4 @@ def main(root, lr, rank):
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "1e-4", sys.argv[3] if len(sys.argv) > 3 else "16")
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "lora-lr1e-4")
