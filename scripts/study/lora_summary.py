@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from study_summary import mean_se, per_prompt  # noqa: E402
+from study_summary import mean_se, paired, per_prompt  # noqa: E402
 
 
 def main(root, name):
@@ -24,9 +24,8 @@ def main(root, name):
             continue
         base, _ = per_prompt(reports[0][0])
         after = [per_prompt(r[-1])[0] for r in reports]
-        rows = {"full": mean_se([after[0][k] - base[k] for k in base]),
-                "lora": mean_se([after[1][k] - base[k] for k in base]),
-                "lora - full": mean_se([after[1][k] - after[0][k] for k in base])}
+        rows = {"full": paired(base, after[0]), "lora": paired(base, after[1]),
+                "lora - full": paired(after[0], after[1])}
         print(f"seed {seed}: base {sum(base.values()) / len(base):.3f}  "
               + "  ".join(f"{k} {m:+.3f} ± {s:.3f}" for k, (m, s) in rows.items()))
         for k, (m, _) in rows.items():
