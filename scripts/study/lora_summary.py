@@ -3,18 +3,28 @@
 and the LoRA agents over the base (eval reports: the first of a run directory is the base team's,
 the last its saved agents'), their paired difference, and the mean ± s.e. over seeds.
 
-  lora_summary.py DIR [NAME]      (NAME: lora_study.sh's LoRA run name without -sSEED, default
-                                   lora-lr1e-4)
+  lora_summary.py DIR [NAME [OTHER]]   (NAME: lora_study.sh's LoRA run name without -sSEED,
+                                        default lora-lr1e-4; OTHER: a second LoRA run name,
+                                        e.g. the f32 base's, to pair NAME's saved agents with)
+
+Where the run has `final-after/` (keep-best saved earlier agents), its final agents' evaluation
+against the saved ones is printed too.
 """
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from study_summary import mean_se, paired, per_prompt  # noqa: E402
 
 
-def main(root, name):
-    gains = {"full": [], "lora": [], "lora - full": []}
+def saved_agents(run):
+    """The per-prompt means of a run's last evaluation (its saved agents)."""
+    return per_prompt(sorted((run / "eval").glob("*.json"))[-1])[0]
+
+
+def main(root, name, other=None):
+    gains = defaultdict(list)
     for full in sorted(root.glob("full-s*")):
         seed = full.name.split("-s")[-1]
         lora = root / f"{name}-s{seed}"
@@ -26,14 +36,20 @@ def main(root, name):
         after = [per_prompt(r[-1])[0] for r in reports]
         rows = {"full": paired(base, after[0]), "lora": paired(base, after[1]),
                 "lora - full": paired(after[0], after[1])}
+        final = sorted((lora / "final-after" / "eval").glob("*.json"))
+        if final:
+            rows["lora final - saved"] = paired(after[1], per_prompt(final[-1])[0])
+        if other:
+            rows[f"- {other}"] = paired(saved_agents(root / f"{other}-s{seed}"), after[1])
         print(f"seed {seed}: base {sum(base.values()) / len(base):.3f}  "
               + "  ".join(f"{k} {m:+.3f} ± {s:.3f}" for k, (m, s) in rows.items()))
         for k, (m, _) in rows.items():
             gains[k].append(m)
     if len(gains["full"]) > 1:
+        gains.pop("lora final - saved", None)  # only the seeds where keep-best saved earlier agents
         print(f"over {len(gains['full'])} seeds: "
               + "  ".join(f"{k} {m:+.3f} ± {s:.3f}" for k, (m, s) in ((k, mean_se(v)) for k, v in gains.items())))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "lora-lr1e-4")
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "lora-lr1e-4", sys.argv[3] if len(sys.argv) > 3 else None)
