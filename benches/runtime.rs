@@ -6,6 +6,7 @@
 //!     [--lora R]   (train, sample: adapters of rank R on a frozen base instead of a whole model)
 //!     [--base-dtype f32|bf16|q8_0]   (with --lora: how the frozen base stores its matrices)
 //!     [--lora-dropout P]   (with --lora: dropout on the adapters' inputs)
+//!     [--compute-dtype f32|bf16]   (with --lora: what the frozen base's products read)
 //!
 //! train: B = 4 × 128 tokens (2 pairs of chosen/rejected, ~48-token ChatML prompts), forward +
 //! completion log-probs + a DPO-style loss + backward + AdamW; the median of `steps` steps after
@@ -78,16 +79,22 @@ fn train_rows(m: &LoadedModel) -> Result<Vec<ScoreRow>> {
 }
 
 /// A LoRA agent as pbrl builds one: adapters of rank r (alpha 2r) on every projection of the
-/// frozen base, stored as asked, with `dropout` on their inputs.
-fn lora_agent(m: LoadedModel, (r, storage, dropout): (usize, FrozenStorage, f64)) -> Result<LoadedModel> {
+/// frozen base, stored as asked (its products on bf16 inputs with `bf16_products`), with
+/// `dropout` on their inputs.
+fn lora_agent(m: LoadedModel, (r, storage, dropout, bf16_products): LoraArgs) -> Result<LoadedModel> {
     let targets = ALL_LINEAR.map(String::from).to_vec();
     let spec = LoraSpec { r, alpha: 2.0 * r as f64, target_modules: targets, use_rslora: false };
-    let mut m = LoadedModel::with_lora(&m.into_frozen_base(storage)?, &spec, 0)?;
+    let base = m.into_frozen_base(storage)?;
+    let base = if bf16_products { base.compute_in_bf16()? } else { base };
+    let mut m = LoadedModel::with_lora(&base, &spec, 0)?;
     m.set_lora_dropout(dropout)?;
     Ok(m)
 }
 
-fn bench_train(m: LoadedModel, lora: Option<(usize, FrozenStorage, f64)>, steps: usize) -> Result<serde_json::Value> {
+/// --lora's rank, --base-dtype, --lora-dropout, --compute-dtype bf16.
+type LoraArgs = (usize, FrozenStorage, f64, bool);
+
+fn bench_train(m: LoadedModel, lora: Option<LoraArgs>, steps: usize) -> Result<serde_json::Value> {
     let rows = train_rows(&m)?;
     let dev = m.model.device().clone();
     eprintln!("loaded: peak RSS {:.0} MiB", peak_rss_mib());
@@ -182,6 +189,30 @@ fn bench_gemm() -> Result<serde_json::Value> {
             }
         }
     }
+    // The frozen base's products at `compute_dtype = "bf16"`: the input rounded in each
+    // product, W packed once (`gemm::bf16`).
+    if pbrl::model::gemm::bf16::native() {
+        use pbrl::model::gemm::{bf16, Accumulate};
+        for (k, n) in [(576, 576), (576, 1536), (1536, 576), (576, 49152)] {
+            let w: Vec<f32> = (0..n * k).map(|i| (i % 5) as f32 * 0.1).collect();
+            let packed = bf16::Packed::from_fn(k, n, |i, j| bf16::round_bits(w[j * k + i]));
+            for rows in [8, 16, 32, 64, 128, 512] {
+                let x: Vec<f32> = (0..rows * k).map(|i| (i % 7) as f32 * 0.1).collect();
+                let mut best = f64::INFINITY;
+                for _ in 0..10 {
+                    let t = Instant::now();
+                    let mut y = vec![0f32; rows * n];
+                    let a = bf16::Rows::round(&x, rows, k).map_err(anyhow::Error::msg)?;
+                    bf16::gemm(&mut y, Accumulate::No, &a, &packed).map_err(anyhow::Error::msg)?;
+                    best = best.min(t.elapsed().as_secs_f64());
+                    std::hint::black_box(y);
+                }
+                let gflops = 2.0 * (rows * n * k) as f64 / best / 1e9;
+                eprintln!("bf16    rows {rows:>4} in {k:>5} out {n:>6}: {gflops:>7.1} GFLOP/s");
+                out.push(json!({"family": "bf16", "rows": rows, "in": k, "out": n, "gflops": gflops}));
+            }
+        }
+    }
     Ok(json!({"gemm": out}))
 }
 
@@ -205,7 +236,12 @@ fn main() -> Result<()> {
         Some(other) => anyhow::bail!("--base-dtype {other}: use f32, bf16 or q8_0"),
     };
     let dropout = arg(&args, "--lora-dropout").map(|p| p.parse::<f64>()).transpose().context("--lora-dropout P")?;
-    let lora = lora.map(|r| (r, storage, dropout.unwrap_or(0.0)));
+    let bf16_products = match arg(&args, "--compute-dtype").as_deref() {
+        None | Some("f32") => false,
+        Some("bf16") => true,
+        Some(other) => anyhow::bail!("--compute-dtype {other}: use f32 or bf16"),
+    };
+    let lora = lora.map(|r| (r, storage, dropout.unwrap_or(0.0), bf16_products));
     let mut result = match mode.as_str() {
         "gemm" => bench_gemm()?,
         "train" => bench_train(LoadedModel::load(&model, &device)?, lora, steps)?,

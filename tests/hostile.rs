@@ -130,6 +130,7 @@ fn value_cases() -> Vec<Case> {
     cases.push(case("collect", &["num_agents=1000"], "one per agent (1000)"));
     cases.extend(bad("collect", "agent_devices", &["\"tpu\"", "[\"cpu\"]", "\"cuda:99\""]));
     cases.extend(bad("collect", "agent_lora.base_dtype", &["\"q4_0\"", "8"]));
+    cases.extend(bad("collect", "agent_lora.compute_dtype", &["\"f16\"", "1", "[\"bf16\", \"f32\"]"]));
     cases.extend(bad("train-madpo", "frozen_dtype", &["\"q4_0\"", "8"]));
     cases.extend(bad("fit-rm", "reward_lora.r", &["0", "[4, 8]", "\"x\""]));
     cases.extend(bad("fit-rm", "reward_lora.save_merged", &["true"]));

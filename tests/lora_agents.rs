@@ -247,6 +247,36 @@ fn a_lora_team_trains_on_a_bf16_base_and_q8_0_names_what_it_cannot_pack() {
     assert!(!e.contains("panicked"), "{e}");
 }
 
+/// `agent_lora.compute_dtype = "bf16"`: the base's products on bf16 inputs, over a bf16 or an
+/// f32 base, through every stage (collect, MADPO, MARLHF with its KL reference over the base,
+/// `fit-rm` with `reward_lora` at the same setting); the trained adapters move and load over
+/// the f32 base. q8_0 with it is refused before any work.
+#[test]
+fn a_lora_team_trains_with_bf16_products() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(d);
+    let mh = common::SMALL_MARLHF;
+    for (run, base_dtype) in [("b", "bf16"), ("f", "f32")] {
+        let base_dtype = format!("agent_lora.base_dtype=\"{base_dtype}\"");
+        for stage in ["collect", "train-madpo", "fit-rm", "train-marlhf"] {
+            let common_args = ["--run-dir", run, "agent_lora.compute_dtype=\"bf16\"", &base_dtype];
+            let rm = ["reward_lora.r=4", "reward_lora.compute_dtype=\"bf16\"", "reference_kl_enabled=true"];
+            ok(pbrl(&[&[stage, "--config", "c.toml"][..], &common_args, &rm, &mh].concat(), d));
+        }
+        let base = LoadedModel::load(d.join("tiny").to_str().unwrap(), &Device::Cpu).unwrap();
+        let agent = d.join(run).join("agents/agent_0");
+        let trained = LoadedModel::load(agent.to_str().unwrap(), &Device::Cpu).unwrap();
+        let moved = common::max_abs_diff(&logits(&trained, &[3, 8, 5, 9]), &logits(&base, &[3, 8, 5, 9]));
+        assert!(moved > 1e-6, "{run}: the adapters trained ({moved})");
+    }
+    let q8 = ["agent_lora.base_dtype=\"q8_0\"", "agent_lora.compute_dtype=\"bf16\""];
+    let o = pbrl(&[&["collect", "--config", "c.toml", "--run-dir", "q8"][..], &q8].concat(), d);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("agent_lora.compute_dtype = \"bf16\""), "{e}");
+    assert!(!e.contains("panicked") && !d.join("q8").exists(), "{e}");
+}
+
 /// `agent_lora.save_merged`: the trained team also saved merged into its base
 /// (`agents_merged/agent_i`, whole Hugging Face directories): each computes the adapter agent's
 /// logits (1e-5), and transformers loads it without PEFT (when the reference venv is present).

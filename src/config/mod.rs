@@ -31,7 +31,7 @@ pub use modes::{
     RewardHeadKind,
 };
 pub use overrides::{closest, Override};
-pub use tables::{AgentLora, BaseDType, Modules, RewardConfig, TaskConfig, LORA_PROJECTIONS};
+pub use tables::{AgentLora, BaseDType, ComputeDType, Modules, RewardConfig, TaskConfig, LORA_PROJECTIONS};
 pub use values::{DeviceSpec, EvalSplit, PerActor, TokenLimit};
 
 /// The pooled reward head's hidden layer width when `reward_head_hidden` is not set.

@@ -3,7 +3,7 @@
 //! [`Config`], [`TaskConfig`], [`RewardConfig`] and [`AgentLora`] with its doc comment and its default, grouped
 //! by the `// --- section ---` comments of the struct. A test (`config::tests`) fails when the
 //! file is stale; `PBRL_BLESS=1 cargo test --lib config_reference` rewrites it.
-use super::{iterative_defaults, AgentLora, Config, RewardConfig, TaskConfig};
+use super::{iterative_defaults, AgentLora, ComputeDType, Config, RewardConfig, TaskConfig};
 
 /// The sources the reference is read from: the flat keys, then the tables.
 const SOURCES: [&str; 2] = [include_str!("mod.rs"), include_str!("tables.rs")];
@@ -161,7 +161,11 @@ pub fn markdown() -> String {
         ("agent_lora", "AgentLora", toml::Value::try_from(AgentLora::default())),
     ] {
         let doc = struct_doc(table);
-        let value = value.expect("serializes");
+        let mut value = value.expect("serializes");
+        if let Some(t) = value.as_table_mut().filter(|_| name == "agent_lora") {
+            // Left out of a written config at its default (`ComputeDType::is_f32`).
+            t.insert("compute_dtype".into(), toml::Value::try_from(ComputeDType::F32).expect("serializes"));
+        }
         let defaults = value.as_table().cloned().unwrap_or_default();
         let keys: Vec<Key> = doc.sections.iter().flat_map(|(_, k)| k.clone()).filter(|k| k.name != "params").collect();
         out += &format!("\n## `[{name}]`\n\n{}\n\n{}", doc.doc, table_of(&keys, &defaults, &value, ""));

@@ -1,7 +1,7 @@
 //! The linear layer: `y = x Wᵀ (+ b)`, plus a LoRA adapter's product when one is set.
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
@@ -49,6 +49,7 @@ impl Linear {
         let (out, inp) = match &self.weight {
             BaseWeight::Dense(w) => w.dims2(),
             BaseWeight::Quantized(q) => q.shape().dims2(),
+            BaseWeight::Bf16Products(m) => m.weight.dims2(),
         }
         .expect("a linear weight is 2-D");
         (inp, out)
@@ -57,7 +58,7 @@ impl Linear {
     /// Store this frozen layer's weight as `storage` says (its bias stays as it is). `name` is
     /// the layer's, for errors: q8_0 packs each row in blocks of 32 inputs.
     pub fn store_frozen(&mut self, storage: FrozenStorage, name: &str) -> Result<()> {
-        let BaseWeight::Dense(w) = &self.weight else { bail!("{name} is already stored quantized") };
+        let BaseWeight::Dense(w) = &self.weight else { bail!("{name} is already stored as a frozen matrix") };
         self.weight = match storage {
             FrozenStorage::F32 => return Ok(()),
             FrozenStorage::Bf16 => BaseWeight::Dense(w.to_dtype(DType::BF16)?),
@@ -67,6 +68,22 @@ impl Linear {
                     bail!("\"q8_0\" packs rows in blocks of 32: {name} has {inp} inputs");
                 }
                 BaseWeight::Quantized(Arc::new(QTensor::quantize(w, GgmlDType::Q8_0)?))
+            }
+        };
+        Ok(())
+    }
+
+    /// From now on, this frozen layer's products (`x Wᵀ`, and `G W` in backward) take their
+    /// input rounded to bf16 and W's bf16 values, the sums in f32 (`compute_dtype = "bf16"`;
+    /// `ops::bf16_linear`). W stays stored as it is (f32 or bf16); q8_0 is refused.
+    pub fn compute_in_bf16(&mut self, name: &str) -> Result<()> {
+        self.weight = match &self.weight {
+            BaseWeight::Dense(w) => BaseWeight::Bf16Products(Arc::new(
+                ops::Bf16Matrix::new(w.clone()).with_context(|| format!("{name}: bf16 products"))?,
+            )),
+            BaseWeight::Bf16Products(_) => return Ok(()),
+            BaseWeight::Quantized(_) => {
+                bail!("{name}: compute_dtype = \"bf16\" needs a base stored in f32 or bf16, not q8_0")
             }
         };
         Ok(())
@@ -110,6 +127,7 @@ impl Linear {
             (Some(lora), w) => ops::lora_linear(x, w, &lora.a, &lora.b, lora.scaling, lora.dropout_key(pass))?,
             (None, BaseWeight::Dense(w)) => ops::linear(x, w)?,
             (None, BaseWeight::Quantized(q)) => ops::quantized_linear(x, q)?,
+            (None, BaseWeight::Bf16Products(m)) => ops::bf16_linear(x, m)?,
         };
         let y = match &self.bias {
             Some(b) => y.broadcast_add(b)?,

@@ -294,6 +294,24 @@ impl LoadedModel {
         Ok(Self { model, varmap: VarMap::new(), tokenizer, source, files, lora })
     }
 
+    /// This frozen base with products that take bf16 inputs (`compute_dtype = "bf16"`,
+    /// [`CausalLm::compute_in_bf16`]): on the CPU only.
+    pub fn compute_in_bf16(mut self) -> Result<Self> {
+        if !self.varmap.all_vars().is_empty() {
+            bail!("bf16 products are for a frozen base; `{}` has trainable weights", self.source);
+        }
+        if !self.model.device().is_cpu() {
+            bail!(
+                "compute_dtype = \"bf16\" runs on the CPU (its kernels use AVX512_BF16); `{}` is on {:?}: \
+                 use compute_dtype = \"f32\" there",
+                self.source,
+                self.model.device()
+            );
+        }
+        self.model.compute_in_bf16().with_context(|| format!("the base `{}`", self.source))?;
+        Ok(self)
+    }
+
     /// The module over a `VarMap`'s weights (f32 for real models; tests also build f64 ones).
     pub fn build(varmap: &VarMap, config: &ModelConfig, dtype: DType, device: &Device) -> Result<CausalLm> {
         let vb = VarBuilder::from_varmap(varmap, dtype, device);

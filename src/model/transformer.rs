@@ -276,6 +276,14 @@ impl Backbone {
         Ok(())
     }
 
+    /// Make every projection's products take bf16 inputs ([`Linear::compute_in_bf16`]).
+    pub fn compute_in_bf16(&mut self) -> Result<()> {
+        for (name, proj) in self.projections_mut() {
+            proj.compute_in_bf16(&name)?;
+        }
+        Ok(())
+    }
+
     /// Start a training step for the adapters' dropout: its passes are keyed by `key`.
     pub fn begin_dropout_step(&self, key: u64) {
         if let Some(d) = &self.dropout {
@@ -420,6 +428,16 @@ impl CausalLm {
                 true => *head = Linear::from_weight(self.backbone.embed_tokens.clone()),
                 false => head.store_frozen(storage, "lm_head")?,
             }
+        }
+        Ok(())
+    }
+
+    /// Make the products of this frozen model's projections and LM head take bf16 inputs
+    /// ([`Linear::compute_in_bf16`]); the token embeddings' lookup stays as it is.
+    pub fn compute_in_bf16(&mut self) -> Result<()> {
+        self.backbone.compute_in_bf16()?;
+        if let Some(head) = &mut self.lm_head {
+            head.compute_in_bf16("lm_head")?;
         }
         Ok(())
     }

@@ -181,7 +181,7 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
         .and_then(|b| match &cfg.reward_lora {
             Some(lora) => {
                 let (r, alpha, target_modules, use_rslora) = lora.shape_of(0);
-                let base = b.into_frozen_base(frozen_storage(Some(lora.base_dtype)))?;
+                let base = crate::team::lora_base(b, lora)?;
                 let spec = LoraSpec { r, alpha, target_modules, use_rslora };
                 let mut rm = LoadedModel::with_lora(&base, &spec, derive_seed(cfg.seed, &[purpose::REWARD_LORA_INIT]))?;
                 rm.set_lora_dropout(lora.dropout)?;

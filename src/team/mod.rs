@@ -9,7 +9,7 @@ pub mod rollout;
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
-use crate::config::BaseDType;
+use crate::config::{AgentLora, BaseDType, ComputeDType};
 use crate::config::{Config, DeviceSpec};
 use crate::device::{ensure_fits, parse_device};
 use crate::model::linear::FrozenStorage;
@@ -139,6 +139,16 @@ pub fn load_reference_team(cfg: &Config, team: &[Agent], sources: &[String], wha
     load_as(team, sources, &devices, frozen_storage(cfg.frozen_dtype), what)
 }
 
+/// `model` as the frozen base of the adapters `lora` configures: stored as its `base_dtype`
+/// says, its products on bf16 inputs when `compute_dtype` says so.
+pub fn lora_base(model: LoadedModel, lora: &AgentLora) -> Result<LoadedModel> {
+    let base = model.into_frozen_base(frozen_storage(Some(lora.base_dtype)))?;
+    match lora.compute_dtype {
+        ComputeDType::F32 => Ok(base),
+        ComputeDType::Bf16 => base.compute_in_bf16(),
+    }
+}
+
 /// How `dtype` (`agent_lora.base_dtype`, `frozen_dtype`; absent: f32) stores frozen weights.
 pub fn frozen_storage(dtype: Option<BaseDType>) -> FrozenStorage {
     match dtype {
@@ -265,7 +275,6 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
             LoraSpec { r, alpha, target_modules, use_rslora }
         })
     };
-    let base_storage = frozen_storage(cfg.agent_lora.as_ref().map(|l| l.base_dtype));
     let fresh_lora = matches!((members, &trained), (Members::Current, None));
     let mut bases: Vec<((String, String), LoadedModel)> = Vec::new();
     (0..n)
@@ -290,9 +299,10 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
                     return Ok(k);
                 }
                 // `into_frozen_base` refuses a non-finite weight itself: the base is scanned once.
+                let lora = cfg.agent_lora.clone().unwrap_or_default();
                 let loaded = LoadedModel::load(base, &device)
-                    .with_context(|| format!("loading agent {i}'s base `{base}`"))?
-                    .into_frozen_base(base_storage)?;
+                    .and_then(|m| lora_base(m, &lora))
+                    .with_context(|| format!("loading agent {i}'s base `{base}`"))?;
                 bases.push((key, loaded));
                 Ok(bases.len() - 1)
             };

@@ -24,6 +24,7 @@
 use gemm_common::gemm::gemm_basic_generic;
 use gemm_common::Parallelism;
 
+pub mod bf16;
 mod dot;
 mod kernels;
 #[cfg(test)]

@@ -32,14 +32,17 @@ use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, S
 
 use super::super::dropout;
 use super::super::gemm::{gemm_into, kernel_choice, matmul, Accumulate, KernelChoice, Operand};
+use super::bf16_linear::Bf16Matrix;
 use super::{contiguous_slice, StoredWeight};
 
 /// A linear layer's weight matrix (out, in): a tensor (a variable when it trains, possibly
-/// stored in bf16 when frozen), or a frozen quantized one.
+/// stored in bf16 when frozen), a frozen quantized one, or a frozen one whose products take
+/// bf16 inputs (`compute_dtype = "bf16"`).
 #[derive(Debug, Clone)]
 pub enum BaseWeight {
     Dense(Tensor),
     Quantized(Arc<QTensor>),
+    Bf16Products(Arc<Bf16Matrix>),
 }
 
 impl BaseWeight {
@@ -49,7 +52,40 @@ impl BaseWeight {
         match self {
             BaseWeight::Dense(w) => w.to_dtype(DType::F32)?.contiguous(),
             BaseWeight::Quantized(q) => q.dequantize(&Device::Cpu),
+            BaseWeight::Bf16Products(m) => m.weight.to_dtype(DType::F32)?.contiguous(),
         }
+    }
+
+    /// `x Wᵀ` for x (m, inp), row-major: bf16 products, W read as stored for a few rows
+    /// (`stored_product`), else the f32 kernels over W in f32.
+    fn product(&self, choice: KernelChoice, x_storage: &CpuStorage, lx: &Layout, out: usize) -> Result<Vec<f32>> {
+        let ((m, inp), x) = (lx.shape().dims2()?, f32s(x_storage, lx, "lora x")?);
+        if let BaseWeight::Bf16Products(w) = self {
+            return w.times_transposed(x, m);
+        }
+        if let Some(y) = self.stored_product(x_storage, lx, out)? {
+            return Ok(y);
+        }
+        let w = self.cpu_f32()?;
+        let (w_storage, w_layout) = w.storage_and_layout();
+        let w = cpu_f32s(&w_storage, w_layout, "lora base weight")?;
+        let mut y = vec![0f32; m * out];
+        let (x, w) = (Operand::row_major(x, inp), Operand::transposed(w, inp));
+        gemm_into(choice.family(m, out), (m, out, inp), &mut y, Accumulate::No, 1.0, x, w).map_err(gemm_error)?;
+        Ok(y)
+    }
+
+    /// `G W` for G (m, out), row-major: the input's gradient through the frozen matrix.
+    fn input_gradient(&self, choice: KernelChoice, g: Operand, (m, out, inp): (usize, usize, usize)) -> Result<Vec<f32>> {
+        if let BaseWeight::Bf16Products(w) = self {
+            return w.left_times(g.data, m);
+        }
+        let w = self.cpu_f32()?;
+        let (w_storage, w_layout) = w.storage_and_layout();
+        let w_rows = Operand::row_major(cpu_f32s(&w_storage, w_layout, "lora base weight")?, inp);
+        let mut dx = vec![0f32; m * inp];
+        gemm_into(choice.family(m, inp), (m, inp, out), &mut dx, Accumulate::No, 1.0, g, w_rows).map_err(gemm_error)?;
+        Ok(dx)
     }
 
     /// `x Wᵀ` read from W as it is stored when it is bf16 or q8_0 and x has a few rows
@@ -67,7 +103,7 @@ impl BaseWeight {
             BaseWeight::Quantized(q) if q.dtype() == GgmlDType::Q8_0 => {
                 super::stored_product(xs, lx, out, StoredWeight::Q8_0(&q.data()?))
             }
-            BaseWeight::Quantized(_) => Ok(None),
+            BaseWeight::Quantized(_) | BaseWeight::Bf16Products(_) => Ok(None),
         }
     }
 
@@ -77,6 +113,7 @@ impl BaseWeight {
                 !w.track_op() && w.device().is_cpu() && matches!(w.dtype(), DType::F32 | DType::BF16)
             }
             BaseWeight::Quantized(q) => q.device().is_cpu(),
+            BaseWeight::Bf16Products(_) => true,
         }
     }
 }
@@ -163,19 +200,7 @@ impl CustomOp3 for LoraLinear {
         let ((m, inp), (r, _), (out, _)) = (lx.shape().dims2()?, la.shape().dims2()?, lb.shape().dims2()?);
         let (x, a, b) = (f32s(x_storage, lx, "lora x")?, f32s(a, la, "lora_A")?, f32s(b, lb, "lora_B")?);
         let choice = kernel_choice().map_err(gemm_error)?;
-        let mut y = match self.w.stored_product(x_storage, lx, out)? {
-            Some(y) => y,
-            None => {
-                let w = self.w.cpu_f32()?;
-                let (w_storage, w_layout) = w.storage_and_layout();
-                let w = cpu_f32s(&w_storage, w_layout, "lora base weight")?;
-                let mut y = vec![0f32; m * out];
-                let (x, w) = (Operand::row_major(x, inp), Operand::transposed(w, inp));
-                gemm_into(choice.family(m, out), (m, out, inp), &mut y, Accumulate::No, 1.0, x, w)
-                    .map_err(gemm_error)?;
-                y
-            }
-        };
+        let mut y = self.w.product(choice, x_storage, lx, out)?;
         let x = self.adapter_input(x, inp);
         let u = adapter_product(choice, (m, r, inp), &x, a)?;
         let bt = Operand::transposed(b, r);
@@ -240,12 +265,8 @@ impl CustomOp3 for LoraLinear {
             None
         };
         let dx = if x.track_op() {
-            let w = self.w.cpu_f32()?;
-            let (w_storage, w_layout) = w.storage_and_layout();
-            let w_rows = Operand::row_major(cpu_f32s(&w_storage, w_layout, "lora base weight")?, inp);
+            let mut dx = self.w.input_gradient(choice, g_rows, (m, out, inp))?;
             let (family, v) = (choice.family(m, inp), Operand::row_major(&v, r));
-            let mut dx = vec![0f32; m * inp];
-            gemm_into(family, (m, inp, out), &mut dx, Accumulate::No, 1.0, g_rows, w_rows).map_err(gemm_error)?;
             match self.dropout {
                 // The adapter's term reaches only the inputs it read.
                 Some((p, key)) => {

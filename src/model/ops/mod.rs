@@ -21,6 +21,7 @@
 //!   and f64; their exponentials on `exp`'s vectorized f32 exp); on other devices they fall
 //!   back to the differentiable compositions of candle ops named `*_composite`.
 pub use batched::batched_matmul;
+pub use bf16_linear::{bf16_linear, Bf16Matrix};
 pub use heads::{merge_heads, merge_heads_composite, split_heads, split_heads_composite};
 pub use log_prob::{token_log_probs, token_log_probs_composite};
 pub use lora::{lora_fuses, lora_linear, BaseWeight};
@@ -290,6 +291,7 @@ pub fn quantized_linear(x: &Tensor, w: &Arc<QTensor>) -> Result<Tensor> {
 
 // The kernels (declared after the dispatch macros above, which they use).
 mod batched;
+mod bf16_linear;
 pub mod exp;
 mod heads;
 mod log_prob;

@@ -268,3 +268,53 @@ fn f32_exp_kernels_match_f64_compositions() {
         if ours { token_log_probs(&l, &targets) } else { token_log_probs_composite(&l, &targets) }.unwrap()
     });
 }
+
+/// At `compute_dtype = "bf16"` each product with the frozen matrix reads its input rounded to
+/// bf16 and the matrix's bf16 values, summing in f32: y = r(x) W̃ᵀ, dX = r(G) W̃ (r: rounding to
+/// bf16, W̃ = r(W)); a LoRA adapter's own term and its gradients stay f32. The plain frozen
+/// projection and the fused LoRA one, over a base stored in f32 or bf16, on shapes with short
+/// tiles and strips, against f64 sums; and the rounding shows (the exact products differ).
+#[test]
+fn bf16_products_round_their_inputs_and_sum_in_f32() {
+    let (s, m, out, inp, r) = (0.75, 21, 50, 70, 4);
+    let (x, w, a, b, g) =
+        (random(&[m, inp], 60), random(&[out, inp], 61), random(&[r, inp], 62), random(&[out, r], 63), random(&[m, out], 64));
+    let f32s = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+    let round = |t: &Tensor| f32s(t).to_dtype(DType::BF16).unwrap().to_dtype(DType::F64).unwrap();
+    let mm = |p: &Tensor, q: &Tensor| p.matmul(q).unwrap();
+    let (w_r, x_a_b) = (round(&w), (mm(&mm(&x, &a.t().unwrap()), &b.t().unwrap()) * s).unwrap());
+    let y_base = mm(&round(&x), &w_r.t().unwrap());
+    let dx_base = mm(&round(&g), &w_r);
+    let backward = |y: &Tensor, vars: &[&Var]| {
+        let grads = (y * f32s(&g)).unwrap().sum_all().unwrap().backward().unwrap();
+        vars.iter().map(|v| f64s(grads.get(v.as_tensor()).expect("gradient"))).collect::<Vec<_>>()
+    };
+    for stored in [f32s(&w), w.to_dtype(DType::BF16).unwrap()] {
+        let matrix = Arc::new(Bf16Matrix::new(stored.clone()).unwrap());
+        let case = format!("stored {:?}", stored.dtype());
+        let xv = Var::from_tensor(&f32s(&x)).unwrap();
+        let y = bf16_linear(xv.as_tensor(), &matrix).unwrap();
+        let dx = backward(&y, &[&xv]).remove(0);
+        assert!(max_diff(&f64s(&y), &y_base) < 1e-4, "{case}: y");
+        assert!(max_diff(&dx, &dx_base) < 1e-4, "{case}: dX");
+        assert!(max_diff(&f64s(&y), &mm(&x, &w.t().unwrap())) > 1e-3, "{case}: the input is rounded");
+
+        let base = BaseWeight::Bf16Products(matrix);
+        let (xv, av, bv) = (Var::from_tensor(&f32s(&x)).unwrap(), Var::from_tensor(&f32s(&a)).unwrap(), Var::from_tensor(&f32s(&b)).unwrap());
+        assert!(lora_fuses(xv.as_tensor(), &base, &av, &bv), "{case}: the fused op applies");
+        let y = lora_linear(xv.as_tensor(), &base, &av, &bv, s, None).unwrap();
+        let grads = backward(&y, &[&xv, &av, &bv]);
+        let v = mm(&g, &b);
+        let want = [
+            ("y", (&y_base + &x_a_b).unwrap()),
+            ("dX", (&dx_base + (mm(&v, &a) * s).unwrap()).unwrap()),
+            ("dA", (mm(&v.t().unwrap(), &x) * s).unwrap()),
+            ("dB", (mm(&g.t().unwrap(), &mm(&x, &a.t().unwrap())) * s).unwrap()),
+        ];
+        let got = [f64s(&y), grads[0].clone(), grads[1].clone(), grads[2].clone()];
+        for ((what, want), got) in want.iter().zip(&got) {
+            assert!(max_diff(got, want) < 1e-4, "{case}: LoRA {what} differs by {}", max_diff(got, want));
+        }
+    }
+}
