@@ -24,6 +24,10 @@ echo "== pytorch train step"; "$VENV/bin/python" scripts/bench_torch.py train --
 # PEFT's on the same shapes.
 echo "== pbrl train step, LoRA"; "$BIN" train --threads "$T" --steps "$STEPS" --lora 16 --out "$OUT/pbrl_train_lora.json"
 echo "== pytorch train step, PEFT LoRA"; "$VENV/bin/python" scripts/bench_torch.py train --threads "$T" --steps "$STEPS" --lora 16 --pbrl "$OUT/pbrl_train.json" --out "$OUT/torch_train_peft.json"
+# The same LoRA step with the base's products on bf16 inputs (a bf16 base, compute_dtype = "bf16"),
+# and PEFT's under PyTorch's bf16 autocast.
+echo "== pbrl train step, LoRA, bf16 products"; "$BIN" train --threads "$T" --steps "$STEPS" --lora 16 --base-dtype bf16 --compute-dtype bf16 --out "$OUT/pbrl_train_lora_bf16.json"
+echo "== pytorch train step, PEFT LoRA, bf16 autocast"; "$VENV/bin/python" scripts/bench_torch.py train --threads "$T" --steps "$STEPS" --lora 16 --autocast-bf16 --pbrl "$OUT/pbrl_train.json" --out "$OUT/torch_train_peft_bf16.json"
 echo "== pbrl sampling"; "$BIN" sample --threads "$T" --out "$OUT/pbrl_sample.json"
 echo "== hf generate"; "$VENV/bin/python" scripts/bench_torch.py sample --threads "$T" --pbrl "$OUT/pbrl_sample.json" --out "$OUT/torch_sample.json"
 
@@ -112,7 +116,7 @@ def machine(gemm):
 r = {k: json.load(open(f"{d}/{k}.json")) for k in ["pbrl_train", "torch_train", "pbrl_sample", "torch_sample", "pbrl_collect",
                                                    "pbrl_madpo", "comlrl", "pbrl_fit_rm", "pbrl_train_marlhf",
                                                    "comlrl_marlhf", "pbrl_iterate", "comlrl_iterate", "pbrl_train_lora",
-                                                   "torch_train_peft", "pbrl_collect_lora_f32", "pbrl_madpo_lora_f32",
+                                                   "torch_train_peft", "pbrl_train_lora_bf16", "torch_train_peft_bf16", "pbrl_collect_lora_f32", "pbrl_madpo_lora_f32",
                                                    "pbrl_collect_lora_q8_0", "pbrl_madpo_lora_q8_0",
                                                    "pbrl_madpo_lora_f32_ckpt", "pbrl_madpo_lora_q8_0_ckpt"]}
 num_pairs = json.load(open(f"{d}/collect-run/preference_replay/iteration_0001.json"))["num_pairs"]
@@ -128,7 +132,9 @@ def update_seconds(run, stage):
 report = {
     "sampling_tokens_per_s": {"pbrl": r["pbrl_sample"]["tokens_per_s"], "hf_generate": r["torch_sample"]["tokens_per_s"]},
     "train_step_s": {"pbrl": r["pbrl_train"]["step_s"], "pytorch": r["torch_train"]["step_s"],
-                     "pbrl_lora": r["pbrl_train_lora"]["step_s"], "pytorch_peft": r["torch_train_peft"]["step_s"]},
+                     "pbrl_lora": r["pbrl_train_lora"]["step_s"], "pytorch_peft": r["torch_train_peft"]["step_s"],
+                     "pbrl_lora_bf16": r["pbrl_train_lora_bf16"]["step_s"],
+                     "pytorch_peft_bf16": r["torch_train_peft_bf16"]["step_s"]},
     "train_step_phases_s": {k: {p: r[k][p] for p in ["forward_s", "backward_s", "adamw_s"]} for k in ["pbrl_train", "torch_train"]},
     "collect_s": {"pbrl": r["pbrl_collect"]["wall_s"], "comlrl": r["comlrl"]["collect_s"]},
     "madpo_train_s": {"pbrl": r["pbrl_madpo"]["wall_s"], "comlrl": r["comlrl"]["madpo_train_s"], "num_pairs": num_pairs,
@@ -192,6 +198,9 @@ row("iterative MADPO peak RSS MiB", m["madpo_iter_run"], "<= 0.6", 0)
 # LoRA (issue 33's keys) against the full fine-tunes of the same run.
 print(f"{'LoRA train step s vs PEFT':<40}{t['pbrl_lora']:>10.2f}{t['pytorch_peft']:>10.2f}{t['pbrl_lora']/t['pytorch_peft']:>8.2f}  <= 0.8")
 print(f"{'LoRA train step s vs pbrl full':<40}{t['pbrl_lora']:>10.2f}{t['pbrl']:>10.2f}{t['pbrl_lora']/t['pbrl']:>8.2f}  <= 0.6")
+print(f"{'  bf16 products vs PEFT bf16 autocast':<40}{t['pbrl_lora_bf16']:>10.2f}{t['pytorch_peft_bf16']:>10.2f}"
+      f"{t['pbrl_lora_bf16']/t['pytorch_peft_bf16']:>8.2f}")
+print(f"{'  bf16 products vs pbrl full':<40}{t['pbrl_lora_bf16']:>10.2f}{t['pbrl']:>10.2f}{t['pbrl_lora_bf16']/t['pbrl']:>8.2f}")
 for key, target in [("pbrl_lora", "<= 0.25"), ("pbrl_lora_q8_0", "<= 0.15"), ("pbrl_lora_ckpt", "<= 0.25"),
                     ("pbrl_lora_q8_0_ckpt", "<= 0.15")]:
     row(f"collect + MADPO RSS, {key}", {"pbrl": m["madpo_run"][key], "comlrl": m["madpo_run"]["comlrl"]}, target, 0)

@@ -6,6 +6,8 @@ pbrl used (read from pbrl's result file).
   bench_torch.py sample --pbrl target/bench/pbrl_sample.json --out target/bench/torch_sample.json
   [--model HF_DIR] [--device cuda]   (default: the bundled GGUF on the CPU)
   [--lora R]   (train: PEFT adapters of rank R, alpha 2R, on every projection of a frozen base)
+  [--autocast-bf16]   (train: the forward pass under torch.autocast(bfloat16), PyTorch's mixed
+                       precision: every linear product on bf16 inputs, the adapters' included)
 
 train: the same B=4x128 rows; forward, completion log-probs (log_softmax + gather, as CoMLRL
 does), the same DPO-style loss, backward, torch.optim.AdamW; median of the steps after a warm-up.
@@ -59,9 +61,11 @@ def train(rows, steps):
     for b, p in enumerate(plen):
         mask[b, p - 1:] = 1.0
     fwd, bwd, adam, losses = [], [], [], []
+    autocast = torch.autocast(ARGS.device.split(":")[0], dtype=torch.bfloat16, enabled=ARGS.autocast_bf16)
     for step in range(steps + 1):
         t = time.perf_counter()
-        logits = model(ids).logits[:, :-1]
+        with autocast:
+            logits = model(ids).logits[:, :-1].float()
         lp = torch.log_softmax(logits, -1).gather(2, ids[:, 1:].unsqueeze(2)).squeeze(2)
         seq = (lp * mask).sum(1).view(2, 2)
         loss = -torch.nn.functional.logsigmoid(0.1 * (seq[:, 0] - seq[:, 1])).mean()
@@ -109,6 +113,7 @@ if __name__ == "__main__":
     ap.add_argument("--model", help="a Hugging Face model directory instead of the bundled GGUF")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--lora", type=int, help="train: PEFT LoRA adapters of this rank instead of full fine-tuning")
+    ap.add_argument("--autocast-bf16", action="store_true", help="train: the forward pass under bf16 autocast")
     a = ARGS = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -117,6 +122,7 @@ if __name__ == "__main__":
     res["threads"] = a.threads
     res["device"] = a.device
     res["lora"] = a.lora
+    res["autocast_bf16"] = a.autocast_bf16
     if a.device.startswith("cuda"):
         res["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
     Path(a.out).write_text(json.dumps(res))
