@@ -49,7 +49,7 @@ impl Linear {
         let (out, inp) = match &self.weight {
             BaseWeight::Dense(w) => w.dims2(),
             BaseWeight::Quantized(q) => q.shape().dims2(),
-            BaseWeight::Bf16Products(m) => m.weight.dims2(),
+            BaseWeight::Bf16Products(m) => Ok(m.dims()),
         }
         .expect("a linear weight is 2-D");
         (inp, out)
@@ -79,7 +79,7 @@ impl Linear {
     pub fn compute_in_bf16(&mut self, name: &str) -> Result<()> {
         self.weight = match &self.weight {
             BaseWeight::Dense(w) => BaseWeight::Bf16Products(Arc::new(
-                ops::Bf16Matrix::new(w.clone()).with_context(|| format!("{name}: bf16 products"))?,
+                ops::Bf16Matrix::new(w).with_context(|| format!("{name}: bf16 products"))?,
             )),
             BaseWeight::Bf16Products(_) => return Ok(()),
             BaseWeight::Quantized(_) => {

@@ -128,6 +128,7 @@ unsafe fn round_row_avx512(src: &[f32], dst: &mut [u32]) {
 /// The right operand (k × n), packed: strip s holds columns `STRIP·s ..` (zeros past n), its
 /// pairs p = 0 .. ⌈k/2⌉ one after the other, each `STRIP` u32.
 pub struct Packed {
+    pub k: usize,
     pub n: usize,
     pub pairs: usize,
     data: Vec<u32>,
@@ -155,7 +156,13 @@ impl Packed {
             out
         };
         let data = super::super::pool::map(n.div_ceil(STRIP), strip).concat();
-        Self { n, pairs, data }
+        Self { k, n, pairs, data }
+    }
+
+    /// The bits of element (i, j), i < k, j < n.
+    pub fn at(&self, i: usize, j: usize) -> u16 {
+        let v = self.data[((j / STRIP) * self.pairs + i / 2) * STRIP + j % STRIP];
+        (v >> (16 * (i % 2))) as u16
     }
 
     /// The operand's values as f32, (2·`pairs` × n) row-major: what the fallback multiplies.
@@ -364,6 +371,15 @@ mod tests {
         let one = run(1);
         for chunks in [2, 3, 5] {
             assert_eq!(run(chunks), one, "{chunks} chunks");
+        }
+    }
+
+    #[test]
+    fn a_packed_operand_reads_back_its_elements() {
+        let (k, n) = (7, 50);
+        let b = Packed::from_fn(k, n, |i, j| (i * 100 + j) as u16);
+        for (i, j) in [(0, 0), (6, 49), (3, 48), (5, 17)] {
+            assert_eq!(b.at(i, j), (i * 100 + j) as u16);
         }
     }
 

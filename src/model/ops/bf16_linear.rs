@@ -2,9 +2,10 @@
 //! backward, each with its input rounded to bf16 and W's values in bf16, the sums in f32
 //! (`gemm::bf16`). W gets no gradient: it is frozen.
 //!
-//! The two packed forms of W (one per product) are made at W's first product of each kind and
-//! kept: each is W's size in bf16, so a matrix computed this way holds twice its bf16 size
-//! besides its own storage.
+//! W is kept only as the packed right operand of `x Wᵀ` (W's size in bf16), made when the
+//! matrix is, and the stored tensor is let go; the right operand of `G W` is made from it at
+//! the first backward pass (another bf16 copy: a trained base holds W twice in bf16, the size
+//! of its f32 copy).
 use std::sync::{Arc, OnceLock};
 
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Storage, Tensor};
@@ -16,72 +17,68 @@ use super::contiguous_slice;
 /// A frozen (out, in) matrix on the CPU whose products take bf16 inputs.
 #[derive(Debug)]
 pub struct Bf16Matrix {
-    /// As it is stored (f32 or bf16).
-    pub weight: Tensor,
+    out: usize,
+    inp: usize,
     /// (in × out): the right operand of `x Wᵀ`.
-    transposed: OnceLock<Packed>,
-    /// (out × in): the right operand of `G W`.
+    transposed: Packed,
+    /// (out × in): the right operand of `G W`, made from `transposed` at first use.
     itself: OnceLock<Packed>,
 }
 
 impl Bf16Matrix {
-    /// `weight`: 2-D, f32 or bf16, on the CPU, not a variable.
-    pub fn new(weight: Tensor) -> Result<Self> {
+    /// `weight`: 2-D, f32 (rounded to bf16 here) or bf16, on the CPU, not a variable.
+    pub fn new(weight: &Tensor) -> Result<Self> {
         if !weight.device().is_cpu() || weight.track_op() || weight.rank() != 2 {
             candle_core::bail!("bf16 products take a frozen 2-D matrix on the CPU")
         }
-        if !matches!(weight.dtype(), DType::F32 | DType::BF16) {
-            candle_core::bail!("bf16 products take a matrix stored in f32 or bf16, not {:?}", weight.dtype())
-        }
-        Ok(Self { weight: weight.contiguous()?, transposed: OnceLock::new(), itself: OnceLock::new() })
+        let (out, inp) = weight.dims2()?;
+        let weight = weight.contiguous()?;
+        let (storage, layout) = weight.storage_and_layout();
+        // Element (i, j) of x Wᵀ's right operand is W[j, i].
+        let transposed = match &*storage {
+            Storage::Cpu(CpuStorage::BF16(v)) => {
+                let v = contiguous_slice(v, layout, "bf16 matrix")?;
+                Packed::from_fn(inp, out, |i, j| v[j * inp + i].to_bits())
+            }
+            Storage::Cpu(CpuStorage::F32(v)) => {
+                let v = contiguous_slice(v, layout, "f32 matrix")?;
+                Packed::from_fn(inp, out, |i, j| bf16::round_bits(v[j * inp + i]))
+            }
+            _ => candle_core::bail!("bf16 products take a matrix stored in f32 or bf16, not {:?}", weight.dtype()),
+        };
+        Ok(Self { out, inp, transposed, itself: OnceLock::new() })
     }
 
-    /// W's packed form for `x Wᵀ` (`transposed`) or for `G W`, made at its first use.
-    fn packed(&self, transposed: bool) -> Result<&Packed> {
-        let (out, inp) = self.weight.dims2()?;
-        let pack = || -> Result<Packed> {
-            let (storage, layout) = self.weight.storage_and_layout();
-            let Storage::Cpu(s) = &*storage else { candle_core::bail!("bf16 products: a matrix off the CPU") };
-            let (k, n) = if transposed { (inp, out) } else { (out, inp) };
-            // Element (i, j) of the operand: W[j, i] for x Wᵀ, W[i, j] for G W.
-            let index = move |i: usize, j: usize| if transposed { j * inp + i } else { i * inp + j };
-            Ok(match s {
-                CpuStorage::BF16(v) => {
-                    let v = contiguous_slice(v, layout, "bf16 matrix")?;
-                    Packed::from_fn(k, n, |i, j| v[index(i, j)].to_bits())
-                }
-                CpuStorage::F32(v) => {
-                    let v = contiguous_slice(v, layout, "f32 matrix")?;
-                    Packed::from_fn(k, n, |i, j| bf16::round_bits(v[index(i, j)]))
-                }
-                _ => candle_core::bail!("bf16 products take a matrix stored in f32 or bf16"),
-            })
-        };
-        let cell = if transposed { &self.transposed } else { &self.itself };
-        if cell.get().is_none() {
-            let _ = cell.set(pack()?);
-        }
-        Ok(cell.get().expect("set above"))
+    /// (out, in).
+    pub fn dims(&self) -> (usize, usize) {
+        (self.out, self.inp)
+    }
+
+    /// W in f32 (its bf16 values), (out, in): for the paths that do not take bf16 inputs.
+    pub fn f32_values(&self) -> Result<Tensor> {
+        let v: Vec<f32> = (0..self.out * self.inp).map(|e| bf16::value(self.transposed.at(e % self.inp, e / self.inp))).collect();
+        Tensor::from_vec(v, (self.out, self.inp), &Device::Cpu)
     }
 
     /// `x Wᵀ` for x (rows × in), row-major.
     pub fn times_transposed(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
-        let (out, inp) = self.weight.dims2()?;
-        self.product(x, rows, inp, out, true)
+        product(x, rows, self.inp, &self.transposed)
     }
 
     /// `G W` for G (rows × out), row-major: the input's gradient.
     pub fn left_times(&self, g: &[f32], rows: usize) -> Result<Vec<f32>> {
-        let (out, inp) = self.weight.dims2()?;
-        self.product(g, rows, out, inp, false)
+        let t = &self.transposed;
+        let itself = self.itself.get_or_init(|| Packed::from_fn(self.out, self.inp, |i, j| t.at(j, i)));
+        product(g, rows, self.out, itself)
     }
+}
 
-    fn product(&self, a: &[f32], rows: usize, k: usize, n: usize, transposed: bool) -> Result<Vec<f32>> {
-        let a = Rows::round(a, rows, k).map_err(candle_core::Error::msg)?;
-        let mut y = vec![0f32; rows * n];
-        bf16::gemm(&mut y, Accumulate::No, &a, self.packed(transposed)?).map_err(candle_core::Error::msg)?;
-        Ok(y)
-    }
+/// `a (rows × k, rounded to bf16) · b`.
+fn product(a: &[f32], rows: usize, k: usize, b: &Packed) -> Result<Vec<f32>> {
+    let a = Rows::round(a, rows, k).map_err(candle_core::Error::msg)?;
+    let mut y = vec![0f32; rows * b.n];
+    bf16::gemm(&mut y, Accumulate::No, &a, b).map_err(candle_core::Error::msg)?;
+    Ok(y)
 }
 
 /// `x Wᵀ` for 2-D f32 x (rows, in) on the CPU, with bf16 inputs (see the module).
@@ -107,7 +104,7 @@ impl CustomOp1 for Bf16Linear {
     fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout) -> Result<(CpuStorage, Shape)> {
         let (x, rows) = f32_rows(x, lx)?;
         let y = self.0.times_transposed(x, rows)?;
-        let out = self.0.weight.dims2()?.0;
+        let out = self.0.dims().0;
         Ok((CpuStorage::F32(y), Shape::from((rows, out))))
     }
 
@@ -120,6 +117,6 @@ impl CustomOp1 for Bf16Linear {
         let Storage::Cpu(s) = &*storage else { candle_core::bail!("bf16-linear: a gradient off the CPU") };
         let (g_rows, rows) = f32_rows(s, layout)?;
         let dx = self.0.left_times(g_rows, rows)?;
-        Ok(Some(Tensor::from_vec(dx, (rows, self.0.weight.dims2()?.1), &Device::Cpu)?))
+        Ok(Some(Tensor::from_vec(dx, (rows, self.0.dims().1), &Device::Cpu)?))
     }
 }

@@ -52,7 +52,7 @@ impl BaseWeight {
         match self {
             BaseWeight::Dense(w) => w.to_dtype(DType::F32)?.contiguous(),
             BaseWeight::Quantized(q) => q.dequantize(&Device::Cpu),
-            BaseWeight::Bf16Products(m) => m.weight.to_dtype(DType::F32)?.contiguous(),
+            BaseWeight::Bf16Products(m) => m.f32_values(),
         }
     }
 

@@ -291,7 +291,7 @@ fn bf16_products_round_their_inputs_and_sum_in_f32() {
         vars.iter().map(|v| f64s(grads.get(v.as_tensor()).expect("gradient"))).collect::<Vec<_>>()
     };
     for stored in [f32s(&w), w.to_dtype(DType::BF16).unwrap()] {
-        let matrix = Arc::new(Bf16Matrix::new(stored.clone()).unwrap());
+        let matrix = Arc::new(Bf16Matrix::new(&stored).unwrap());
         let case = format!("stored {:?}", stored.dtype());
         let xv = Var::from_tensor(&f32s(&x)).unwrap();
         let y = bf16_linear(xv.as_tensor(), &matrix).unwrap();
