@@ -9,13 +9,19 @@ the last its saved agents'), their paired difference, and the mean ± s.e. over 
 
 Where the run has `final-after/` (keep-best saved earlier agents), its final agents' evaluation
 against the saved ones is printed too.
+
+  lora_summary.py --marlhf LORA_STUDY FULL_STUDY TASK BACKEND
+      MARLHF with LoRA agents against whole agents (two scripts/study/marlhf_study.sh
+      directories with the same bases and reward models): per seed, each run's paired gain over
+      the base evaluation (`eval0.log`) and LoRA − full, the saved agents' (`eval.log`), then the
+      mean ± s.e. over seeds.
 """
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from study_summary import mean_se, paired, per_prompt  # noqa: E402
+from study_summary import mean_se, paired, per_prompt, report_of  # noqa: E402
 
 
 def saved_agents(run):
@@ -51,5 +57,30 @@ def main(root, name, other=None):
               + "  ".join(f"{k} {m:+.3f} ± {s:.3f}" for k, (m, s) in ((k, mean_se(v)) for k, v in gains.items())))
 
 
+def marlhf(lora_root, full_root, task, backend):
+    gains = defaultdict(list)
+    for lora_seed in sorted((lora_root / task).glob("seed*")):
+        seeds = [lora_seed, full_root / task / lora_seed.name]
+        if not all((s / backend / "done").exists() for s in seeds):
+            print(f"{lora_seed.name}: incomplete")
+            continue
+        base, full_base = (per_prompt(report_of(s / "eval0.log"))[0] for s in seeds)
+        if base != full_base:
+            print(f"{lora_seed.name}: the two runs start from different base evaluations")
+            continue
+        lora, full = (per_prompt(report_of(s / backend / "eval.log"))[0] for s in seeds)
+        rows = {"lora": paired(base, lora), "full": paired(base, full), "lora - full": paired(full, lora)}
+        print(f"{lora_seed.name}: base {sum(base.values()) / len(base):.3f}  "
+              + "  ".join(f"{k} {m:+.3f} ± {s:.3f}" for k, (m, s) in rows.items()))
+        for k, (m, _) in rows.items():
+            gains[k].append(m)
+    if len(gains["lora"]) > 1:
+        print(f"over {len(gains['lora'])} seeds: "
+              + "  ".join(f"{k} {m:+.3f} ± {s:.3f}" for k, (m, s) in ((k, mean_se(v)) for k, v in gains.items())))
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--marlhf"]:
+        marlhf(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], sys.argv[5])
+        sys.exit(0)
     main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "lora-lr1e-4", sys.argv[3] if len(sys.argv) > 3 else None)

@@ -293,6 +293,7 @@ fn bf16_products_round_their_inputs_and_sum_in_f32() {
     for stored in [f32s(&w), w.to_dtype(DType::BF16).unwrap()] {
         let matrix = Arc::new(Bf16Matrix::new(&stored).unwrap());
         let case = format!("stored {:?}", stored.dtype());
+        assert_eq!(max_diff(&f64s(&matrix.f32_values().unwrap()), &w_r), 0.0, "{case}: W's bf16 values");
         let xv = Var::from_tensor(&f32s(&x)).unwrap();
         let y = bf16_linear(xv.as_tensor(), &matrix).unwrap();
         let dx = backward(&y, &[&xv]).remove(0);
