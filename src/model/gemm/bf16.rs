@@ -119,7 +119,7 @@ unsafe fn round_row_avx512(src: &[f32], dst: &mut [u32]) {
         let lo = _mm512_loadu_ps(src.as_ptr().add(32 * c));
         let hi = _mm512_loadu_ps(src.as_ptr().add(32 * c + 16));
         // The low 16 bf16 of the result are `lo`'s: element i of the row stays element i.
-        let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+        let v = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
         _mm512_storeu_si512(dst.as_mut_ptr().add(16 * c) as *mut __m512i, v);
     }
     round_row_scalar(src, dst, 32 * full);
@@ -274,24 +274,22 @@ unsafe fn strip_product(dst: *mut f32, accumulate: Accumulate, a: &Rows, b: &Pac
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn tile_product(kc: usize, a: &[*const u32; TILE_ROWS], b: *const u32, tile: &mut [f32; TILE_ROWS * STRIP]) {
     use std::arch::x86_64::*;
+    // 32 bits of bf16 pairs as the operand type of `vdpbf16ps` (the same bits).
+    let pairs = |v: __m512i| std::mem::transmute::<__m512i, __m512bh>(v);
     let mut acc = [[_mm512_setzero_ps(); 3]; TILE_ROWS];
     for p in 0..kc {
         let bp = b.add(p * STRIP) as *const __m512i;
-        let bv: [__m512bh; 3] = [
-            std::mem::transmute(_mm512_loadu_si512(bp)),
-            std::mem::transmute(_mm512_loadu_si512(bp.add(1))),
-            std::mem::transmute(_mm512_loadu_si512(bp.add(2))),
-        ];
-        for i in 0..TILE_ROWS {
-            let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a[i].add(p) as i32));
-            for j in 0..3 {
-                acc[i][j] = _mm512_dpbf16_ps(acc[i][j], ai, bv[j]);
+        let bv = [0, 1, 2].map(|j| pairs(_mm512_loadu_si512(bp.add(j))));
+        for (row, a) in acc.iter_mut().zip(a) {
+            let ai = pairs(_mm512_set1_epi32(*a.add(p) as i32));
+            for (sum, b) in row.iter_mut().zip(&bv) {
+                *sum = _mm512_dpbf16_ps(*sum, ai, *b);
             }
         }
     }
-    for i in 0..TILE_ROWS {
-        for j in 0..3 {
-            _mm512_storeu_ps(tile.as_mut_ptr().add(i * STRIP + 16 * j), acc[i][j]);
+    for (out, row) in tile.chunks_exact_mut(STRIP).zip(&acc) {
+        for (j, sum) in row.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(16 * j), *sum);
         }
     }
 }
