@@ -83,9 +83,11 @@ impl Rows {
         let pairs = pairs_of(k);
         let mut data = vec![0u32; rows * pairs];
         if k > 0 {
+            #[cfg(target_arch = "x86_64")]
+            let native = native();
             let round_row = |(src, dst): (&[f32], &mut [u32])| {
                 #[cfg(target_arch = "x86_64")]
-                if native() {
+                if native {
                     // SAFETY: `native` checked the instructions; the slices are a row each.
                     return unsafe { round_row_avx512(src, dst) };
                 }
@@ -210,7 +212,10 @@ fn gemm_in_chunks(
         let (av, bv) = (a.values(), b.values());
         return gemm_into(family, (m, n, k), dst, accumulate, 1.0, Operand::row_major(&av, k), Operand::row_major(&bv, n));
     }
-    if m == 0 || n == 0 {
+    if a.pairs == 0 && accumulate == Accumulate::No {
+        dst.fill(0.0);
+    }
+    if m == 0 || n == 0 || a.pairs == 0 {
         return Ok(());
     }
     let strips = n.div_ceil(STRIP);
@@ -329,7 +334,7 @@ mod tests {
     /// and strips, an odd depth and more than one depth block, overwriting or accumulating.
     #[test]
     fn products_are_f32_sums_of_the_rounded_values() {
-        for (m, n, k) in [(1, 1, 1), (13, 50, 37), (8, 48, 2), (20, 100, 1001), (3, 7, 800)] {
+        for (m, n, k) in [(1, 1, 1), (13, 50, 37), (8, 48, 2), (20, 100, 1001), (3, 7, 800), (4, 5, 0)] {
             let (x, w) = (data(m * k, 1), data(k * n, 2));
             let a = Rows::round(&x, m, k).unwrap();
             let b = Packed::from_fn(k, n, |i, j| round_bits(w[i * n + j]));
