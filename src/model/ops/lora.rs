@@ -56,8 +56,8 @@ impl BaseWeight {
         }
     }
 
-    /// `x Wᵀ` for x (m, inp), row-major: bf16 products, W read as stored for a few rows
-    /// (`stored_product`), else the f32 kernels over W in f32.
+    /// `x Wᵀ` for x (m, inp), row-major: on bf16 inputs for a `Bf16Products` matrix; else W
+    /// read as it is stored for a few rows (`stored_product`), or the f32 kernels over W in f32.
     fn product(&self, choice: KernelChoice, x_storage: &CpuStorage, lx: &Layout, out: usize) -> Result<Vec<f32>> {
         let ((m, inp), x) = (lx.shape().dims2()?, f32s(x_storage, lx, "lora x")?);
         if let BaseWeight::Bf16Products(w) = self {
