@@ -301,13 +301,8 @@ unsafe fn tile_product(kc: usize, a: &[*const u32; TILE_ROWS], b: *const u32, ti
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::data;
     use super::*;
-
-    fn data(len: usize, seed: u32) -> Vec<f32> {
-        (0..len)
-            .map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 2000) as f32 / 700.0 - 1.3)
-            .collect()
-    }
 
     #[test]
     fn rounding_is_to_nearest_even_with_subnormals_to_zero() {

@@ -10,7 +10,8 @@ fn naive(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
     c
 }
 
-fn data(len: usize, seed: u32) -> Vec<f32> {
+/// Values in [-1, 1) in steps of 1/500, spread by a hash of the index.
+pub(super) fn data(len: usize, seed: u32) -> Vec<f32> {
     (0..len)
         .map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) % 1000) as f32 / 500.0 - 1.0)
         .collect()
