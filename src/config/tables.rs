@@ -113,8 +113,8 @@ pub struct AgentLora {
     /// (bitsandbytes' `bnb_4bit_compute_dtype`: each product with a base matrix, forward and
     /// backward, and the LM head's, takes its input rounded to bf16 and the matrix's bf16
     /// values, summing in f32: those products run about twice as fast on CPUs with
-    /// AVX512_BF16, and each matrix keeps two bf16 copies laid out for them). CPU only; with a
-    /// base_dtype of "f32" or "bf16".
+    /// AVX512_BF16, and each matrix is held as two bf16 copies laid out for them, the size of
+    /// its f32 copy, in place of its stored one). CPU only; with a base_dtype of "f32" or "bf16".
     #[serde(skip_serializing_if = "ComputeDType::is_f32")]
     pub compute_dtype: ComputeDType,
     /// Also write each trained agent merged into its base (PEFT's `merge_and_unload`: the base
