@@ -186,7 +186,10 @@ fn a_bf16_or_q8_0_smollm2_base_stays_close_to_the_f32_base() {
     ] {
         let (y, g) = run(storage, bf16_products);
         let d = common::max_abs_diff(&y, &y32) / largest(&y32);
-        assert!(d <= close_logits, "{storage:?} (bf16 products {bf16_products}): logits differ from the f32 base's by {d} of their largest");
+        assert!(
+            d <= close_logits,
+            "{storage:?} (bf16 products {bf16_products}): logits differ from the f32 base's by {d} of their largest"
+        );
         let d = norm(&(&g - &g32).unwrap()) / norm(&g32);
         assert!(
             d <= close_grad,

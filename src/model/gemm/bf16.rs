@@ -210,7 +210,15 @@ fn gemm_in_chunks(
     if !native {
         let (k, family) = (2 * a.pairs, kernel_choice()?.family(m, n));
         let (av, bv) = (a.values(), b.values());
-        return gemm_into(family, (m, n, k), dst, accumulate, 1.0, Operand::row_major(&av, k), Operand::row_major(&bv, n));
+        return gemm_into(
+            family,
+            (m, n, k),
+            dst,
+            accumulate,
+            1.0,
+            Operand::row_major(&av, k),
+            Operand::row_major(&bv, n),
+        );
     }
     if a.pairs == 0 && accumulate == Accumulate::No {
         dst.fill(0.0);

@@ -56,7 +56,8 @@ impl Bf16Matrix {
 
     /// W in f32 (its bf16 values), (out, in): for the paths that do not take bf16 inputs.
     pub fn f32_values(&self) -> Result<Tensor> {
-        let v: Vec<f32> = (0..self.out * self.inp).map(|e| bf16::value(self.transposed.at(e % self.inp, e / self.inp))).collect();
+        let v: Vec<f32> =
+            (0..self.out * self.inp).map(|e| bf16::value(self.transposed.at(e % self.inp, e / self.inp))).collect();
         Tensor::from_vec(v, (self.out, self.inp), &Device::Cpu)
     }
 

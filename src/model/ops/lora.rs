@@ -76,7 +76,12 @@ impl BaseWeight {
     }
 
     /// `G W` for G (m, out), row-major: the input's gradient through the frozen matrix.
-    fn input_gradient(&self, choice: KernelChoice, g: Operand, (m, out, inp): (usize, usize, usize)) -> Result<Vec<f32>> {
+    fn input_gradient(
+        &self,
+        choice: KernelChoice,
+        g: Operand,
+        (m, out, inp): (usize, usize, usize),
+    ) -> Result<Vec<f32>> {
         if let BaseWeight::Bf16Products(w) = self {
             return w.left_times(g.data, m);
         }

@@ -277,8 +277,13 @@ fn f32_exp_kernels_match_f64_compositions() {
 #[test]
 fn bf16_products_round_their_inputs_and_sum_in_f32() {
     let (s, m, out, inp, r) = (0.75, 21, 50, 70, 4);
-    let (x, w, a, b, g) =
-        (random(&[m, inp], 60), random(&[out, inp], 61), random(&[r, inp], 62), random(&[out, r], 63), random(&[m, out], 64));
+    let (x, w, a, b, g) = (
+        random(&[m, inp], 60),
+        random(&[out, inp], 61),
+        random(&[r, inp], 62),
+        random(&[out, r], 63),
+        random(&[m, out], 64),
+    );
     let f32s = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
     let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
     let round = |t: &Tensor| f32s(t).to_dtype(DType::BF16).unwrap().to_dtype(DType::F64).unwrap();
@@ -302,7 +307,11 @@ fn bf16_products_round_their_inputs_and_sum_in_f32() {
         assert!(max_diff(&f64s(&y), &mm(&x, &w.t().unwrap())) > 1e-3, "{case}: the input is rounded");
 
         let base = BaseWeight::Bf16Products(matrix);
-        let (xv, av, bv) = (Var::from_tensor(&f32s(&x)).unwrap(), Var::from_tensor(&f32s(&a)).unwrap(), Var::from_tensor(&f32s(&b)).unwrap());
+        let (xv, av, bv) = (
+            Var::from_tensor(&f32s(&x)).unwrap(),
+            Var::from_tensor(&f32s(&a)).unwrap(),
+            Var::from_tensor(&f32s(&b)).unwrap(),
+        );
         assert!(lora_fuses(xv.as_tensor(), &base, &av, &bv), "{case}: the fused op applies");
         let y = lora_linear(xv.as_tensor(), &base, &av, &bv, s, None).unwrap();
         let grads = backward(&y, &[&xv, &av, &bv]);
