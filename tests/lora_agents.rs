@@ -35,6 +35,20 @@ fn logits(m: &LoadedModel, ids: &[u32]) -> Tensor {
     m.model.forward(&b.ids, &b.positions, &b.bias, None, Mode::Infer).unwrap()
 }
 
+/// collect, train-madpo, fit-rm and train-marlhf in turn with `args` (small MARLHF settings).
+fn every_stage(d: &Path, args: &[&str]) {
+    for stage in ["collect", "train-madpo", "fit-rm", "train-marlhf"] {
+        ok(pbrl(&[&[stage, "--config", "c.toml"][..], args, &common::SMALL_MARLHF].concat(), d));
+    }
+}
+
+/// How far the agent saved at `agent` moved the tiny base's logits on one sequence.
+fn logits_moved(d: &Path, agent: &Path) -> f32 {
+    let base = LoadedModel::load(d.join("tiny").to_str().unwrap(), &Device::Cpu).unwrap();
+    let trained = LoadedModel::load(agent.to_str().unwrap(), &Device::Cpu).unwrap();
+    common::max_abs_diff(&logits(&trained, &[3, 8, 5, 9]), &logits(&base, &[3, 8, 5, 9]))
+}
+
 #[test]
 fn a_lora_team_trains_its_adapters_and_saves_peft_adapters() {
     let dir = tempfile::tempdir().unwrap();
@@ -228,18 +242,8 @@ fn a_lora_team_trains_on_a_bf16_base_and_q8_0_names_what_it_cannot_pack() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     setup(d);
-    let mh = common::SMALL_MARLHF;
-    for stage in ["collect", "train-madpo", "fit-rm", "train-marlhf"] {
-        ok(pbrl(
-            &[&[stage, "--config", "c.toml", "agent_lora.base_dtype=\"bf16\"", "reference_kl_enabled=true"][..], &mh]
-                .concat(),
-            d,
-        ));
-    }
-    let base = LoadedModel::load(d.join("tiny").to_str().unwrap(), &Device::Cpu).unwrap();
-    let agent = d.join("run/agents/agent_0");
-    let trained = LoadedModel::load(agent.to_str().unwrap(), &Device::Cpu).unwrap();
-    let moved = common::max_abs_diff(&logits(&trained, &[3, 8, 5, 9]), &logits(&base, &[3, 8, 5, 9]));
+    every_stage(d, &["agent_lora.base_dtype=\"bf16\"", "reference_kl_enabled=true"]);
+    let moved = logits_moved(d, &d.join("run/agents/agent_0"));
     assert!(moved > 1e-6, "the adapters trained ({moved})");
     let o = pbrl(&["collect", "--config", "c.toml", "--run-dir", "q8", "agent_lora.base_dtype=\"q8_0\""], d);
     let e = String::from_utf8_lossy(&o.stderr);
@@ -256,18 +260,11 @@ fn a_lora_team_trains_with_bf16_products() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     setup(d);
-    let mh = common::SMALL_MARLHF;
     for (run, base_dtype) in [("b", "bf16"), ("f", "f32")] {
         let base_dtype = format!("agent_lora.base_dtype=\"{base_dtype}\"");
-        for stage in ["collect", "train-madpo", "fit-rm", "train-marlhf"] {
-            let common_args = ["--run-dir", run, "agent_lora.compute_dtype=\"bf16\"", &base_dtype];
-            let rm = ["reward_lora.r=4", "reward_lora.compute_dtype=\"bf16\"", "reference_kl_enabled=true"];
-            ok(pbrl(&[&[stage, "--config", "c.toml"][..], &common_args, &rm, &mh].concat(), d));
-        }
-        let base = LoadedModel::load(d.join("tiny").to_str().unwrap(), &Device::Cpu).unwrap();
-        let agent = d.join(run).join("agents/agent_0");
-        let trained = LoadedModel::load(agent.to_str().unwrap(), &Device::Cpu).unwrap();
-        let moved = common::max_abs_diff(&logits(&trained, &[3, 8, 5, 9]), &logits(&base, &[3, 8, 5, 9]));
+        let bf16 = ["agent_lora.compute_dtype=\"bf16\"", "reward_lora.r=4", "reward_lora.compute_dtype=\"bf16\""];
+        every_stage(d, &[&["--run-dir", run, &base_dtype, "reference_kl_enabled=true"][..], &bf16].concat());
+        let moved = logits_moved(d, &d.join(run).join("agents/agent_0"));
         assert!(moved > 1e-6, "{run}: the adapters trained ({moved})");
     }
     let q8 = ["agent_lora.base_dtype=\"q8_0\"", "agent_lora.compute_dtype=\"bf16\""];

@@ -130,7 +130,6 @@ unsafe fn round_row_avx512(src: &[f32], dst: &mut [u32]) {
 /// The right operand (k × n), packed: strip s holds columns `STRIP·s ..` (zeros past n), its
 /// pairs p = 0 .. ⌈k/2⌉ one after the other, each `STRIP` u32.
 pub struct Packed {
-    pub k: usize,
     pub n: usize,
     pub pairs: usize,
     data: Vec<u32>,
@@ -158,7 +157,7 @@ impl Packed {
             out
         };
         let data = super::super::pool::map(n.div_ceil(STRIP), strip).concat();
-        Self { k, n, pairs, data }
+        Self { n, pairs, data }
     }
 
     /// The bits of element (i, j), i < k, j < n.

@@ -12,7 +12,7 @@ use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, S
 
 use super::super::gemm::bf16::{self, Packed, Rows};
 use super::super::gemm::Accumulate;
-use super::contiguous_slice;
+use super::{contiguous_slice, cpu_f32s, f32s};
 
 /// A frozen (out, in) matrix on the CPU whose products take bf16 inputs.
 #[derive(Debug)]
@@ -92,18 +92,13 @@ pub fn bf16_linear(x: &Tensor, w: &Arc<Bf16Matrix>) -> Result<Tensor> {
 
 struct Bf16Linear(Arc<Bf16Matrix>);
 
-fn f32_rows<'a>(s: &'a CpuStorage, l: &Layout) -> Result<(&'a [f32], usize)> {
-    let CpuStorage::F32(v) = s else { candle_core::bail!("bf16-linear: f32 input only") };
-    Ok((contiguous_slice(v, l, "bf16-linear input")?, l.shape().dims2()?.0))
-}
-
 impl CustomOp1 for Bf16Linear {
     fn name(&self) -> &'static str {
         "bf16-linear"
     }
 
     fn cpu_fwd(&self, x: &CpuStorage, lx: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (x, rows) = f32_rows(x, lx)?;
+        let (x, rows) = (f32s(x, lx, "bf16-linear input")?, lx.shape().dims2()?.0);
         let y = self.0.times_transposed(x, rows)?;
         let out = self.0.dims().0;
         Ok((CpuStorage::F32(y), Shape::from((rows, out))))
@@ -115,8 +110,7 @@ impl CustomOp1 for Bf16Linear {
         }
         let g = g.contiguous()?;
         let (storage, layout) = g.storage_and_layout();
-        let Storage::Cpu(s) = &*storage else { candle_core::bail!("bf16-linear: a gradient off the CPU") };
-        let (g_rows, rows) = f32_rows(s, layout)?;
+        let (g_rows, rows) = (cpu_f32s(&storage, layout, "bf16-linear gradient")?, layout.shape().dims2()?.0);
         let dx = self.0.left_times(g_rows, rows)?;
         Ok(Some(Tensor::from_vec(dx, (rows, self.0.dims().1), &Device::Cpu)?))
     }

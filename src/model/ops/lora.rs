@@ -33,7 +33,7 @@ use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, S
 use super::super::dropout;
 use super::super::gemm::{gemm_into, kernel_choice, matmul, Accumulate, KernelChoice, Operand};
 use super::bf16_linear::Bf16Matrix;
-use super::{contiguous_slice, StoredWeight};
+use super::{cpu_f32s, f32s, StoredWeight};
 
 /// A linear layer's weight matrix (out, in): a tensor (a variable when it trains, possibly
 /// stored in bf16 when frozen), a frozen quantized one, or a frozen one whose products take
@@ -163,19 +163,6 @@ impl LoraLinear {
             None => x.into(),
         }
     }
-}
-
-fn f32s<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
-    match s {
-        CpuStorage::F32(v) => contiguous_slice(v, l, what),
-        _ => candle_core::bail!("{what}: the fused LoRA product takes f32"),
-    }
-}
-
-/// A CPU storage's f32 elements as `layout` places them (contiguous).
-fn cpu_f32s<'a>(storage: &'a Storage, layout: &Layout, what: &str) -> Result<&'a [f32]> {
-    let Storage::Cpu(s) = storage else { candle_core::bail!("{what}: the fused LoRA product runs on the CPU") };
-    f32s(s, layout, what)
 }
 
 /// U = x Aᵀ, (m, r), for x (m, inp) and A (r, inp), both row-major.

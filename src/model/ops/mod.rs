@@ -47,6 +47,20 @@ fn contiguous_slice<'a, T>(v: &'a [T], l: &Layout, what: &str) -> Result<&'a [T]
     }
 }
 
+/// An f32 CPU storage's elements as `l` places them (contiguous); `what` names it in errors.
+fn f32s<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
+    match s {
+        CpuStorage::F32(v) => contiguous_slice(v, l, what),
+        _ => candle_core::bail!("{what}: this op takes f32"),
+    }
+}
+
+/// [`f32s`] of a tensor's storage, which must be on the CPU.
+fn cpu_f32s<'a>(storage: &'a Storage, layout: &Layout, what: &str) -> Result<&'a [f32]> {
+    let Storage::Cpu(s) = storage else { candle_core::bail!("{what}: this op runs on the CPU") };
+    f32s(s, layout, what)
+}
+
 /// Run a kernel on f32 or f64 CPU storage.
 macro_rules! dispatch {
     ($s:expr, |$v:ident| $body:expr) => {
