@@ -16,12 +16,12 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use candle_core::Var;
 use candle_nn::VarMap;
-use pbrl::model::linear::FrozenStorage;
-use pbrl::model::lora::{LoraSpec, ALL_LINEAR};
-use pbrl::model::sampling::{sample, SampleRequest, SamplingParams};
-use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
-use pbrl::model::{LoadedModel, Mode};
 use pbrl::train::optim::{AdamW, AdamWConfig};
+use pbrl_model::linear::FrozenStorage;
+use pbrl_model::lora::{LoraSpec, ALL_LINEAR};
+use pbrl_model::sampling::{sample, SampleRequest, SamplingParams};
+use pbrl_model::scoring::{sequence_log_probs, LastToken, ScoreRow};
+use pbrl_model::{LoadedModel, Mode};
 use serde_json::json;
 
 const SEQ: usize = 128;
@@ -121,7 +121,7 @@ fn bench_train(m: LoadedModel, lora: Option<LoraArgs>, steps: usize) -> Result<s
         let loss_value: f32 = loss.to_scalar()?;
         let t_f = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let grads = pbrl::model::weight_grads::backward(&loss)?;
+        let grads = pbrl_model::weight_grads::backward(&loss)?;
         dev.synchronize()?; // GPU kernels run asynchronously: time them to their end
         let t_b = t.elapsed().as_secs_f64();
         let t = Instant::now();
@@ -165,7 +165,7 @@ fn bench_sample(m: &LoadedModel) -> Result<serde_json::Value> {
 /// (out, in): attention 576→576, MLP 576→1536 and 1536→576, the LM head 576→49152) at the
 /// row counts of decode steps (8, 16) up to training's (512): GFLOP/s, the best of 10 runs.
 fn bench_gemm() -> Result<serde_json::Value> {
-    use pbrl::model::gemm::{matmul, KernelFamily, Operand};
+    use pbrl_model::gemm::{matmul, KernelFamily, Operand};
     let mut out = Vec::new();
     for family in [KernelFamily::Avx512, KernelFamily::Avx2] {
         if !family.available() {
@@ -191,8 +191,8 @@ fn bench_gemm() -> Result<serde_json::Value> {
     }
     // The frozen base's products at `compute_dtype = "bf16"`: the input rounded in each
     // product, W packed once (`gemm::bf16`).
-    if pbrl::model::gemm::bf16::native() {
-        use pbrl::model::gemm::{bf16, Accumulate};
+    if pbrl_model::gemm::bf16::native() {
+        use pbrl_model::gemm::{bf16, Accumulate};
         for (k, n) in [(576, 576), (576, 1536), (1536, 576), (576, 49152)] {
             let w: Vec<f32> = (0..n * k).map(|i| (i % 5) as f32 * 0.1).collect();
             let packed = bf16::Packed::from_fn(k, n, |i, j| bf16::round_bits(w[j * k + i]));
@@ -254,7 +254,7 @@ fn main() -> Result<()> {
         }
     };
     result["threads"] = json!(threads);
-    result["gemm_kernels"] = json!(pbrl::model::gemm::kernel_choice().map_err(anyhow::Error::msg)?.describe());
+    result["gemm_kernels"] = json!(pbrl_model::gemm::kernel_choice().map_err(anyhow::Error::msg)?.describe());
     result["device"] = json!(format!("{device:?}"));
     let text = serde_json::to_string(&result)?;
     match arg(&args, "--out") {

@@ -20,7 +20,7 @@ BIN=$(cargo bench --bench runtime --no-run --message-format=json 2>/dev/null \
 # Each measurement in its own process, so peak RSS is the measured work's own.
 echo "== pbrl train step"; "$BIN" train --threads "$T" --steps "$STEPS" --out "$OUT/pbrl_train.json"
 echo "== pytorch train step"; "$VENV/bin/python" scripts/bench_torch.py train --threads "$T" --steps "$STEPS" --pbrl "$OUT/pbrl_train.json" --out "$OUT/torch_train.json"
-# LoRA (r 16, alpha 32, all 7 projections; issue 33's keys): pbrl's adapters on a frozen base,
+# LoRA (r 16, alpha 32, all 7 projections): pbrl's adapters on a frozen base,
 # PEFT's on the same shapes.
 echo "== pbrl train step, LoRA"; "$BIN" train --threads "$T" --steps "$STEPS" --lora 16 --out "$OUT/pbrl_train_lora.json"
 echo "== pytorch train step, PEFT LoRA"; "$VENV/bin/python" scripts/bench_torch.py train --threads "$T" --steps "$STEPS" --lora 16 --pbrl "$OUT/pbrl_train.json" --out "$OUT/torch_train_peft.json"
@@ -165,7 +165,7 @@ report = {
         "madpo_iter_run": {"pbrl": r["pbrl_iterate"]["peak_rss_mib"], "comlrl": r["comlrl_iterate"]["peak_rss_mib"]},
     },
     "threads": r["pbrl_train"]["threads"],
-    # the kernel rule pbrl's linear layers followed (src/model/gemm/; PBRL_GEMM forces one)
+    # the kernel rule pbrl's linear layers followed (crates/pbrl-model/src/gemm/; PBRL_GEMM forces one)
     "machine": machine(r["pbrl_train"]["gemm_kernels"]),
 }
 json.dump(report, open(f"{d}/report.json", "w"), indent=1)
@@ -195,7 +195,7 @@ row("MARLHF RL s (magrpo, 8 items)", report["marlhf_rl_s"], "<= 0.5")
 row("collect + MARLHF peak RSS MiB", m["marlhf_run"], "<= 0.6", 0)
 row("iterative MADPO s (4 items x 2 rounds)", report["madpo_iter_s"], "<= 0.5")
 row("iterative MADPO peak RSS MiB", m["madpo_iter_run"], "<= 0.6", 0)
-# LoRA (issue 33's keys) against the full fine-tunes of the same run.
+# LoRA against the full fine-tunes of the same run.
 print(f"{'LoRA train step s vs PEFT':<40}{t['pbrl_lora']:>10.2f}{t['pytorch_peft']:>10.2f}{t['pbrl_lora']/t['pytorch_peft']:>8.2f}  <= 0.8")
 print(f"{'LoRA train step s vs pbrl full':<40}{t['pbrl_lora']:>10.2f}{t['pbrl']:>10.2f}{t['pbrl_lora']/t['pbrl']:>8.2f}  <= 0.6")
 print(f"{'  bf16 products vs PEFT bf16 autocast':<40}{t['pbrl_lora_bf16']:>10.2f}{t['pytorch_peft_bf16']:>10.2f}"

@@ -7,10 +7,11 @@
 # or with ALGORITHM=iterate the iterative cycle, `pbrl iterate` (num_iterations rounds of
 # collection against the comparator, MADPO training and evaluation; the base team evaluated
 # first), and a before/after summary with each stage's wall time (iterate: per round,
-# scripts/iterate_summary.py).
+# scripts/summarize_runs.py).
 #   scripts/quickstart.sh [KEY=VALUE ...]      overrides go to every stage
 #   CONFIG=file (default configs/quickstart.toml), RUN_DIR=dir (default runs/quickstart-<UTC time>),
-#   ALGORITHM=madpo|marlhf|iterate (default madpo), PBRL_THREADS=n (default: the physical cores)
+#   ALGORITHM=madpo|marlhf|iterate (default madpo), PBRL_THREADS=n (default: the physical cores),
+#   PBRL_BIN=path (a pbrl binary to run instead of building one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${CONFIG:-configs/quickstart.toml}
@@ -26,8 +27,8 @@ if [ -e "$RUN_DIR" ]; then
   exit 2
 fi
 scripts/fetch-model.sh
-cargo build --release --quiet
-PBRL=target/release/pbrl
+if [ -z "${PBRL_BIN:-}" ]; then cargo build --release --quiet; fi
+PBRL=${PBRL_BIN:-target/release/pbrl}
 args=(--config "$CONFIG" --run-dir "$RUN_DIR" "$@")
 
 declare -A secs
@@ -37,13 +38,14 @@ stage() { # stage NAME COMMAND...: run one stage, echo its output, remember its 
   local start=$SECONDS
   "$PBRL" "$@" "${args[@]}" | tee "$RUN_DIR/logs/$name.log"
   secs[$name]=$((SECONDS - start))
+  echo "$name ${secs[$name]}" >> "$RUN_DIR/logs/times"
 }
 mkdir -p "$RUN_DIR/logs"
 if [ "${ALGORITHM:-madpo}" = iterate ]; then
   stage iterate iterate
   echo
   echo "iterative cycle in $RUN_DIR (${secs[iterate]} s)"
-  python3 scripts/iterate_summary.py "$RUN_DIR"
+  python3 scripts/summarize_runs.py "$RUN_DIR"
   exit 0
 fi
 order=(eval-before collect "${training[@]}" eval-after)

@@ -19,7 +19,7 @@ export PBRL_THREADS=1 RAYON_NUM_THREADS=1 CANDLE_NUM_THREADS=1
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --locked --lib --bins --tests -- --test-threads=2 "$@" 2>&1 | tee "$log" || status=$?
+cargo test --locked --workspace --lib --bins --tests -- --test-threads=2 "$@" 2>&1 | tee "$log" || status=$?
 passed=$(grep -Eo 'test result: .* ([0-9]+) passed' "$log" | grep -Eo '[0-9]+ passed' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
 echo "summary: $passed passed, $failed failed"

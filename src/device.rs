@@ -117,7 +117,7 @@ mod tests {
         assert_eq!(super::sum_of_largest(lengths.clone(), 2), 550);
         assert_eq!(super::sum_of_largest(lengths.clone(), 4), 300 + 250 + 40 + 30);
         assert_eq!(super::sum_of_largest(lengths, usize::MAX), 650, "more rows than there are: all rows");
-        let cfg = crate::model::tiny::tiny_config(crate::model::Architecture::Llama, 1000, true);
+        let cfg = pbrl_model::tiny::tiny_config(pbrl_model::Architecture::Llama, 1000, true);
         assert_eq!(cfg.logit_and_grad_bytes(550), 550 * 1000 * 8);
         let per_layer = 2 * cfg.hidden_size + 3 * cfg.intermediate_size;
         assert_eq!(cfg.train_activation_bytes(10), (10 * cfg.num_hidden_layers * per_layer * 4) as u128);

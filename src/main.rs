@@ -24,7 +24,7 @@ fn main() -> ExitCode {
     };
     pbrl::device::init_threads(threads);
     // A bad PBRL_GEMM is a user error up front, not inside the first matrix product.
-    match pbrl::model::gemm::kernel_choice() {
+    match pbrl_model::gemm::kernel_choice() {
         Ok(choice) => tracing::debug!("matrix kernels: {}", choice.describe()),
         Err(e) => {
             eprintln!("error: {e}");
@@ -96,7 +96,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::FitRm(args) => {
             let Some((cfg, run_dir, _lock)) = load_config(&args.common, "fit-rm")? else { return Ok(()) };
-            pbrl::stages::fit_rm::run(&cfg, &run_dir, &pbrl::reward_model::fit::FitOptions { resume: args.resume })?;
+            pbrl::stages::fit_rm::run(&cfg, &run_dir, &pbrl::train::reward_fit::FitOptions { resume: args.resume })?;
         }
         Command::TrainMarlhf(args) => {
             let Some((cfg, run_dir, _lock)) = load_config(&args.common, "train-marlhf")? else { return Ok(()) };

@@ -5,7 +5,8 @@
 use anyhow::Result;
 
 use crate::config::Config;
-use crate::task::reward::{build_reward, RewardProcessor, TaskReward};
+use crate::task::configured::build_reward;
+use crate::task::reward::{RewardProcessor, TaskReward};
 use crate::task::TaskItem;
 use crate::team::collab::Collaboration;
 

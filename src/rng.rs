@@ -1,18 +1,7 @@
-//! Seed derivation: every random stream is a pure function of the run seed and a path of
-//! indices (purpose, item, agent, candidate), so results do not depend on batching or order.
+//! The purposes of pbrl's random streams: the first index of every seed path
+//! ([`derive_seed`]), so that no two streams share a seed.
 
-/// splitmix64 finalizer: a well-mixed 64-bit hash step.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// A seed for the stream at `path` under `seed`.
-pub fn derive_seed(seed: u64, path: &[u64]) -> u64 {
-    path.iter().fold(mix(seed), |acc, &p| mix(acc ^ mix(p)))
-}
+pub use pbrl_model::seed::derive_seed;
 
 /// Purposes of random streams (the first path element).
 pub mod purpose {
@@ -35,16 +24,4 @@ pub mod purpose {
     pub const REWARD_LORA_INIT: u64 = 17;
     pub const ROUND_ITEMS: u64 = 18;
     pub const LORA_DROPOUT: u64 = 19;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn derived_seeds_differ_by_path_and_are_stable() {
-        assert_eq!(derive_seed(42, &[1, 2, 3]), derive_seed(42, &[1, 2, 3]));
-        assert_ne!(derive_seed(42, &[1, 2, 3]), derive_seed(42, &[1, 3, 2]));
-        assert_ne!(derive_seed(42, &[1, 2]), derive_seed(43, &[1, 2]));
-    }
 }

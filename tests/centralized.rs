@@ -10,11 +10,11 @@ use std::path::Path;
 
 use candle_core::DType;
 use pbrl::config::Config;
-use pbrl::model::{tiny::tiny_model, Architecture};
 use pbrl::prefs::RoundFile;
-use pbrl::task::reward::build_reward;
+use pbrl::task::configured::build_reward;
 use pbrl::task::TaskItem;
 use pbrl::team::collab::parse_joint_response;
+use pbrl_model::{tiny::tiny_model, Architecture};
 
 /// A tiny actor whose most frequent output words are renamed to the section tags, so that its
 /// random text contains sections of varying length (and the length-ratio reward tells

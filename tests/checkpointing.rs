@@ -8,11 +8,11 @@ mod common;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
-use pbrl::model::batch::{PaddedBatch, Padding};
-use pbrl::model::linear::FrozenStorage;
-use pbrl::model::lora::{LoraSpec, ALL_LINEAR};
-use pbrl::model::tiny::tiny_model;
-use pbrl::model::{Architecture, CausalLm, LoadedModel, Mode};
+use pbrl_model::batch::{PaddedBatch, Padding};
+use pbrl_model::linear::FrozenStorage;
+use pbrl_model::lora::{LoraSpec, ALL_LINEAR};
+use pbrl_model::tiny::tiny_model;
+use pbrl_model::{Architecture, CausalLm, LoadedModel, Mode};
 
 /// The loss Σ logits · probe of `m`, and the gradient of each of `vars`.
 fn loss_and_grads(m: &CausalLm, vars: &[(String, Tensor)]) -> (f64, Vec<(String, Tensor)>) {
@@ -21,7 +21,7 @@ fn loss_and_grads(m: &CausalLm, vars: &[(String, Tensor)]) -> (f64, Vec<(String,
     let batch = PaddedBatch::new(&ids, 0, Padding::Right, &Device::Cpu).unwrap();
     let y = m.forward(&batch.ids, &batch.positions, &batch.bias, None, Mode::Train).unwrap();
     let loss = (&y * common::random_like(&y, 5)).unwrap().sum_all().unwrap();
-    let grads = pbrl::model::weight_grads::backward(&loss).unwrap();
+    let grads = pbrl_model::weight_grads::backward(&loss).unwrap();
     let value = loss.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap();
     (value, vars.iter().map(|(n, v)| (n.clone(), grads.get(v).expect(n).clone())).collect())
 }

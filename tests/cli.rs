@@ -155,7 +155,7 @@ fn eval_runs_end_to_end_on_the_real_model() {
 #[test]
 fn hub_ids_load_from_the_cache_and_fail_clearly_offline() {
     use candle_core::DType;
-    use pbrl::model::{tiny::tiny_model, Architecture};
+    use pbrl_model::{tiny::tiny_model, Architecture};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let snapshot = d.join("hf/hub/models--tiny-org--tiny-llama/snapshots/0123abcd");

@@ -6,8 +6,8 @@ use common::{ok, pbrl};
 use std::path::Path;
 
 use candle_core::{DType, Device};
-use pbrl::model::{tiny::tiny_model, Architecture, LoadedModel};
 use pbrl::prefs::RoundFile;
+use pbrl_model::{tiny::tiny_model, Architecture, LoadedModel};
 
 /// A run setup on a tiny random model: 4 items, 4 candidates, sampled at temperature 1.
 fn setup(d: &Path, extra: &str) -> String {

@@ -10,13 +10,13 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use common::{ok, pbrl};
-use pbrl::model::batch::{PaddedBatch, Padding};
-use pbrl::model::sampling::{greedy, sample, SampleRequest, SamplingParams};
-use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
-use pbrl::model::weight_grads::backward;
-use pbrl::model::{tiny::tiny_model, Architecture, LoadedModel, Mode};
 use pbrl::prefs::RoundFile;
 use pbrl::train::optim::{AdamW, AdamWConfig};
+use pbrl_model::batch::{PaddedBatch, Padding};
+use pbrl_model::sampling::{greedy, sample, SampleRequest, SamplingParams};
+use pbrl_model::scoring::{sequence_log_probs, LastToken, ScoreRow};
+use pbrl_model::weight_grads::backward;
+use pbrl_model::{tiny::tiny_model, Architecture, LoadedModel, Mode};
 
 fn gpu() -> Device {
     Device::new_cuda(0).expect("tests/cuda.rs needs a CUDA GPU at cuda:0")

@@ -9,9 +9,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, IndexOp};
-use pbrl::model::batch::{PaddedBatch, Padding};
-use pbrl::model::sampling::greedy;
-use pbrl::model::{Architecture, LoadedModel, Mode, RopeScaling, SamplingParams};
+use pbrl_model::batch::{PaddedBatch, Padding};
+use pbrl_model::sampling::greedy;
+use pbrl_model::{Architecture, LoadedModel, Mode, RopeScaling, SamplingParams};
 use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {

@@ -7,10 +7,10 @@ use common::{ok, pbrl};
 use std::path::Path;
 
 use candle_core::{DType, Device};
-use pbrl::model::linear::FrozenStorage;
-use pbrl::model::{tiny::tiny_model, Architecture, LoadedModel};
 use pbrl::prefs::RoundFile;
 use pbrl::reward_model::JointRewardModel;
+use pbrl_model::linear::FrozenStorage;
+use pbrl_model::{tiny::tiny_model, Architecture, LoadedModel};
 
 /// A tiny backbone, 8 items, a round of pairs collected from tiny agents.
 fn setup(d: &Path, extra: &str) {
@@ -216,7 +216,7 @@ fn a_frozen_backbone_is_saved_unchanged() {
 /// whose embeddings and norms are the source's.
 #[test]
 fn a_reward_model_with_lora_on_its_backbone() {
-    use pbrl::model::lora::{LoraSpec, ALL_LINEAR};
+    use pbrl_model::lora::{LoraSpec, ALL_LINEAR};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // Saved merged: the adapted model's scores, from the saved one.

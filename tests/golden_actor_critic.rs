@@ -10,11 +10,11 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 use pbrl::algo::actor_critic::buffer_advantages;
-use pbrl::model::heads::ValueHead;
-use pbrl::model::scoring::ScoreRow;
-use pbrl::model::weight_grads::backward;
-use pbrl::model::LoadedModel;
 use pbrl::train::marlhf::actor_critic::{chunk_losses, values_without_grad, Sample, VALUE_HEAD};
+use pbrl_model::heads::ValueHead;
+use pbrl_model::scoring::ScoreRow;
+use pbrl_model::weight_grads::backward;
+use pbrl_model::LoadedModel;
 use serde_json::Value;
 
 fn ids(v: &Value) -> Vec<u32> {

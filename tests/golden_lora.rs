@@ -8,10 +8,10 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarMap;
-use pbrl::model::batch::{PaddedBatch, Padding};
-use pbrl::model::lora::{attach, load_values, LoraSpec};
-use pbrl::model::weight_grads::backward;
-use pbrl::model::{CausalLm, LoadedModel, Mode};
+use pbrl_model::batch::{PaddedBatch, Padding};
+use pbrl_model::lora::{attach, load_values, LoraSpec};
+use pbrl_model::weight_grads::backward;
+use pbrl_model::{CausalLm, LoadedModel, Mode};
 
 fn spec(use_rslora: bool) -> LoraSpec {
     LoraSpec {
@@ -78,14 +78,14 @@ fn lora_targets_must_name_a_projection() {
     assert!(e.contains("qproj") && e.contains("q_proj"), "{e}");
     assert!((spec(true).scaling() - 4.0).abs() < 1e-12 && (spec(false).scaling() - 2.0).abs() < 1e-12);
     // The config's list of projections (it imports nothing from the model) is the model's.
-    assert_eq!(pbrl::config::LORA_PROJECTIONS, pbrl::model::lora::ALL_LINEAR);
+    assert_eq!(pbrl::config::LORA_PROJECTIONS, pbrl_model::lora::ALL_LINEAR);
 }
 
 /// A tiny model whose every input size is a multiple of 32 (q8_0's block), as a LoRA agent's
 /// base: the tied variant stores its head with the embeddings, the untied one as a projection.
 fn blockable_model(tie: bool, weights: impl Fn(&str, Tensor) -> Tensor) -> LoadedModel {
-    use pbrl::model::tiny::{random_varmap, tiny_config, word_tokenizer};
-    let mut cfg = tiny_config(pbrl::model::Architecture::Llama, 40, tie);
+    use pbrl_model::tiny::{random_varmap, tiny_config, word_tokenizer};
+    let mut cfg = tiny_config(pbrl_model::Architecture::Llama, 40, tie);
     (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim) = (64, 96, 16);
     let dev = common::device();
     let varmap = random_varmap(&cfg, 7, DType::F32, &dev).unwrap();
@@ -106,13 +106,13 @@ fn blockable_model(tie: bool, weights: impl Fn(&str, Tensor) -> Tensor) -> Loade
 #[test]
 fn a_bf16_or_q8_0_base_trains_adapters_as_its_stored_values_do() {
     use candle_core::quantized::{GgmlDType, QTensor};
-    use pbrl::model::linear::FrozenStorage;
-    use pbrl::model::lora::LoraSpec;
+    use pbrl_model::linear::FrozenStorage;
+    use pbrl_model::lora::LoraSpec;
     common::init();
     let spec = LoraSpec {
         r: 4,
         alpha: 8.0,
-        target_modules: pbrl::model::lora::ALL_LINEAR.map(String::from).to_vec(),
+        target_modules: pbrl_model::lora::ALL_LINEAR.map(String::from).to_vec(),
         use_rslora: false,
     };
     let ids: Vec<Vec<u32>> = vec![vec![3, 9, 14, 27, 5, 8], vec![4, 11, 30, 2, 6, 39]];

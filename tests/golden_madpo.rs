@@ -6,11 +6,11 @@ mod common;
 
 use candle_core::{DType, Device};
 use pbrl::algo::madpo::other_margins;
-use pbrl::algo::madpo_batch::{agent_objective, agent_rows, batch_margins, margin_values};
-use pbrl::model::scoring::LastToken;
-use pbrl::model::weight_grads::backward;
-use pbrl::model::LoadedModel;
 use pbrl::prefs::PreferencePair;
+use pbrl::train::madpo_batch::{agent_objective, agent_rows, batch_margins, margin_values};
+use pbrl_model::scoring::LastToken;
+use pbrl_model::weight_grads::backward;
+use pbrl_model::LoadedModel;
 use serde_json::Value;
 
 fn check(scorer: &str, last: LastToken) {

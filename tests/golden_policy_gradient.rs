@@ -9,9 +9,9 @@ use candle_core::{DType, Device};
 use pbrl::algo::advantages::{group_advantages, AdvantageMode, AdvantageRule};
 use pbrl::algo::policy_gradient::{chunk_loss, group_loss};
 use pbrl::algo::reference_kl::k3_sequence_kl;
-use pbrl::model::scoring::{sequence_log_probs, token_log_probs, LastToken, ScoreRow};
-use pbrl::model::weight_grads::backward;
-use pbrl::model::{LoadedModel, Mode};
+use pbrl_model::scoring::{sequence_log_probs, token_log_probs, LastToken, ScoreRow};
+use pbrl_model::weight_grads::backward;
+use pbrl_model::{LoadedModel, Mode};
 use serde_json::Value;
 
 fn ids(v: &Value) -> Vec<u32> {

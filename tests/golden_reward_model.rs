@@ -8,10 +8,10 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use pbrl::algo::bradley_terry::bradley_terry_loss;
-use pbrl::model::weight_grads::backward;
-use pbrl::model::{LoadedModel, Mode};
 use pbrl::reward_model::{JointRewardModel, JointRow};
 use pbrl::train::optim::{AdamW, AdamWConfig};
+use pbrl_model::weight_grads::backward;
+use pbrl_model::{LoadedModel, Mode};
 use serde_json::Value;
 
 fn golden() -> (std::path::PathBuf, Value) {

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Output;
 
 use candle_core::DType;
-use pbrl::model::{tiny::tiny_model, Architecture};
+use pbrl_model::{tiny::tiny_model, Architecture};
 
 /// A tiny team, items, a config (MADPO, 2 agents) and a run `base` with a round and a reward model.
 fn setup(d: &Path) {

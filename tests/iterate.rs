@@ -9,8 +9,8 @@ use common::{ok, pbrl};
 use std::path::Path;
 
 use candle_core::DType;
-use pbrl::model::{tiny::tiny_model, Architecture};
 use pbrl::prefs::RoundFile;
+use pbrl_model::{tiny::tiny_model, Architecture};
 
 fn setup(d: &Path, extra: &str) {
     tiny_model(Architecture::Llama, true, 51, DType::F32).unwrap().save_hf_dir(&d.join("tiny"), None).unwrap();
@@ -68,13 +68,13 @@ fn three_rounds_against_the_current_team_then_an_exact_resume() {
     assert!(d.join("run/iterate/eval_reward.svg").is_file());
     // The round-by-round summary `scripts/quickstart.sh` prints after an iterate job.
     let summary = std::process::Command::new("python3")
-        .arg(common::repo().join("scripts/iterate_summary.py"))
+        .arg(common::repo().join("scripts/summarize_runs.py"))
         .arg(d.join("run"))
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&summary.stdout);
     assert!(summary.status.success(), "{text}{}", String::from_utf8_lossy(&summary.stderr));
-    assert!(text.lines().any(|l| l.starts_with("| 3 |")), "{text}");
+    assert!(text.lines().any(|l| l.trim_start().starts_with("round 3: ")), "{text}");
     let hist: serde_json::Value =
         serde_json::from_slice(&bytes(d, "run/reward_distributions/iteration_0002.json")).unwrap();
     for side in ["target", "comparator"] {

@@ -10,9 +10,9 @@ use common::{ok, pbrl};
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
-use pbrl::model::batch::{PaddedBatch, Padding};
-use pbrl::model::tiny::tiny_model;
-use pbrl::model::{Architecture, LoadedModel, Mode};
+use pbrl_model::batch::{PaddedBatch, Padding};
+use pbrl_model::tiny::tiny_model;
+use pbrl_model::{Architecture, LoadedModel, Mode};
 
 fn setup(d: &Path) {
     tiny_model(Architecture::Llama, false, 61, DType::F32).unwrap().save_hf_dir(&d.join("tiny"), None).unwrap();
@@ -184,12 +184,12 @@ fn marlhf_and_iterate_train_lora_teams() {
         let moved = common::max_abs_diff(&logits(&trained, &ids), &logits(&base, &ids));
         assert!(moved > 1e-6, "{run}: the adapters trained ({moved})");
         let file = candle_core::safetensors::load(agent.join("adapter_model.safetensors"), &Device::Cpu).unwrap();
-        assert!(file.keys().all(|k| pbrl::model::lora::is_adapter_name(k)), "{run}: adapters only: {:?}", file.keys());
+        assert!(file.keys().all(|k| pbrl_model::lora::is_adapter_name(k)), "{run}: adapters only: {:?}", file.keys());
     }
 }
 
-fn trained_spec() -> pbrl::model::lora::LoraSpec {
-    pbrl::model::lora::LoraSpec { r: 4, alpha: 8.0, target_modules: vec!["q_proj".into()], use_rslora: false }
+fn trained_spec() -> pbrl_model::lora::LoraSpec {
+    pbrl_model::lora::LoraSpec { r: 4, alpha: 8.0, target_modules: vec!["q_proj".into()], use_rslora: false }
 }
 
 /// A LoRA run resumed for a second epoch ends with the adapters of an uninterrupted 2-epoch run,
@@ -296,7 +296,7 @@ fn a_lora_team_is_also_saved_merged_into_its_base() {
         assert!(common::max_abs_diff(&want, &logits(&base, &ids)) > 1e-6, "the adapters trained");
         let diff = common::max_abs_diff(&logits(&merged, &ids), &want);
         assert!(diff < 1e-5, "agent {i}: the merged model's logits differ from the adapter agent's by {diff}");
-        let sampling = pbrl::model::SamplingParams { temperature: 1.0, top_p: 1.0, top_k: None, max_new_tokens: 5 };
+        let sampling = pbrl_model::SamplingParams { temperature: 1.0, top_p: 1.0, top_k: None, max_new_tokens: 5 };
         common::check_export_in_transformers(&merged, &ids, &sampling, 1e-4);
     }
 }

@@ -3,11 +3,11 @@
 mod common;
 
 use candle_core::{DType, Device, IndexOp, Tensor, D};
-use pbrl::model::batch::{PaddedBatch, Padding};
-use pbrl::model::sampling::{argmax, greedy, sample, SampleRequest, SamplingParams};
-use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
-use pbrl::model::tiny::tiny_model;
-use pbrl::model::{Architecture, LoadedModel, Mode};
+use pbrl_model::batch::{PaddedBatch, Padding};
+use pbrl_model::sampling::{argmax, greedy, sample, SampleRequest, SamplingParams};
+use pbrl_model::scoring::{sequence_log_probs, LastToken, ScoreRow};
+use pbrl_model::tiny::tiny_model;
+use pbrl_model::{Architecture, LoadedModel, Mode};
 use rand::{Rng, SeedableRng};
 
 fn rows() -> Vec<Vec<u32>> {
@@ -78,8 +78,8 @@ fn kv_cache_incremental_logits_equal_full_forward() {
     for (a, b) in continuation[0].iter().zip(&continuation[1]) {
         key_mask.iter_mut().for_each(|k| k.push(1));
         let ids = Tensor::new(&[[*a], [*b]], &dev).unwrap();
-        let pos = pbrl::model::batch::position_ids(&key_mask, 1, &dev).unwrap();
-        let bias = pbrl::model::batch::attention_bias(&key_mask, 1, &dev).unwrap();
+        let pos = pbrl_model::batch::position_ids(&key_mask, 1, &dev).unwrap();
+        let bias = pbrl_model::batch::attention_bias(&key_mask, 1, &dev).unwrap();
         let l = m.model.forward(&ids, &pos, &bias, Some(&mut cache), Mode::Infer).unwrap();
         steps.push(l.squeeze(1).unwrap());
     }

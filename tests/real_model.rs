@@ -3,10 +3,10 @@
 mod common;
 
 use candle_core::{Device, IndexOp, Tensor};
-use pbrl::model::batch::{PaddedBatch, Padding};
-use pbrl::model::sampling::{greedy, sample, SampleRequest, SamplingParams};
-use pbrl::model::weight_grads::backward;
-use pbrl::model::{LoadedModel, Mode};
+use pbrl_model::batch::{PaddedBatch, Padding};
+use pbrl_model::sampling::{greedy, sample, SampleRequest, SamplingParams};
+use pbrl_model::weight_grads::backward;
+use pbrl_model::{LoadedModel, Mode};
 use serde_json::Value;
 
 fn golden() -> Value {
@@ -71,9 +71,9 @@ fn smollm2_tokenizer_chat_template_logits_and_greedy_match_transformers() {
 #[test]
 fn smollm2_as_a_transformers_5_directory_equals_the_gguf() {
     use pbrl::algo::madpo::other_margins;
-    use pbrl::algo::madpo_batch::{agent_objective, agent_rows, batch_margins, margin_values};
-    use pbrl::model::scoring::LastToken;
     use pbrl::prefs::RoundFile;
+    use pbrl::train::madpo_batch::{agent_objective, agent_rows, batch_margins, margin_values};
+    use pbrl_model::scoring::LastToken;
     common::init();
     let dir = common::repo().join("models/smollm2-hf");
     if !dir.join("config.json").is_file() {
@@ -152,9 +152,9 @@ fn each_agents_response_tokens_decode_to_its_response() {
 /// (The exact check, against the stored values read back in f32, is tests/golden_lora.rs.)
 #[test]
 fn a_bf16_or_q8_0_smollm2_base_stays_close_to_the_f32_base() {
-    use pbrl::model::linear::FrozenStorage;
-    use pbrl::model::lora::{LoraSpec, ALL_LINEAR};
-    use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
+    use pbrl_model::linear::FrozenStorage;
+    use pbrl_model::lora::{LoraSpec, ALL_LINEAR};
+    use pbrl_model::scoring::{sequence_log_probs, LastToken, ScoreRow};
     let spec = LoraSpec { r: 8, alpha: 16.0, target_modules: ALL_LINEAR.map(String::from).to_vec(), use_rslora: false };
     let m = load();
     let row = ScoreRow {
@@ -210,7 +210,7 @@ fn logits_of(m: &LoadedModel, ids: &[u32]) -> Tensor {
 /// the Hugging Face layout (pbrl undoes llama.cpp's q/k row order at load, as transformers does).
 #[test]
 fn a_lora_agent_over_the_gguf_loads_in_peft() {
-    use pbrl::model::lora::{LoraSpec, ALL_LINEAR};
+    use pbrl_model::lora::{LoraSpec, ALL_LINEAR};
     let Some(py) = common::ref_python() else {
         eprintln!("skipped: PBRL_REF_PYTHON is not set (scripts/test.sh sets it when the baseline venv exists)");
         return;

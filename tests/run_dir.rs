@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use candle_core::DType;
-use pbrl::model::{tiny::tiny_model, Architecture};
+use pbrl_model::{tiny::tiny_model, Architecture};
 
 fn setup(d: &Path, extra: &str) {
     tiny_model(Architecture::Llama, true, 41, DType::F32).unwrap().save_hf_dir(&d.join("tiny"), None).unwrap();

@@ -6,7 +6,7 @@ use common::{ok, pbrl};
 use std::path::Path;
 
 use candle_core::{DType, Device};
-use pbrl::model::{tiny::tiny_model, Architecture};
+use pbrl_model::{tiny::tiny_model, Architecture};
 
 /// Tiny agents, 4 items, a round of pairs collected from them.
 fn setup(d: &Path, extra: &str) {
@@ -376,7 +376,8 @@ fn eval_chooses_its_team() {
     assert_eq!(rows(&out), 16, "{out}");
     assert!(!out.contains("gain over the first eval"), "4 samples per item are not paired with 1: {out}");
     let svg = std::fs::read_to_string(d.join("run/eval/eval_reward.svg")).unwrap();
-    assert!(svg.contains("base") && svg.contains("evaluation 7"), "{svg}");
+    // Seven evaluations: the x axis is labelled 1 to 7, at whole numbers only.
+    assert!(svg.contains("base") && svg.contains("\n7\n</text>") && !svg.contains("\n6.5\n</text>"), "{svg}");
     // A saved team with a NaN weight is refused, naming the agent and the weight.
     let status = std::process::Command::new("cp").arg("-r").arg(d.join("run/agents")).arg(d.join("nan_team")).status();
     assert!(status.unwrap().success());

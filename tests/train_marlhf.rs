@@ -10,8 +10,8 @@ use std::path::Path;
 
 use candle_core::DType;
 use candle_core::Device;
-use pbrl::model::tiny::{random_varmap, tiny_config, tiny_model, word_tokenizer};
-use pbrl::model::{Architecture, LoadedModel};
+use pbrl_model::tiny::{random_varmap, tiny_config, tiny_model, word_tokenizer};
+use pbrl_model::{Architecture, LoadedModel};
 
 /// A tiny team, 6 items, a round of pairs, a reward model fitted on it.
 fn setup(d: &Path, extra: &str) {

@@ -4,9 +4,9 @@
 mod common;
 
 use candle_core::IndexOp;
-use pbrl::model::batch::{PaddedBatch, Padding};
-use pbrl::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
-use pbrl::model::{Architecture, LoadedModel, Mode};
+use pbrl_model::batch::{PaddedBatch, Padding};
+use pbrl_model::scoring::{sequence_log_probs, LastToken, ScoreRow};
+use pbrl_model::{Architecture, LoadedModel, Mode};
 use serde_json::Value;
 
 fn check(name: &str, arch: Architecture, tied: bool) {

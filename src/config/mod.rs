@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+mod components;
 mod defaults;
 mod iterative_rules;
 mod modes;
@@ -26,6 +27,7 @@ mod tests;
 mod values;
 mod views;
 
+pub use components::{EvalConfig, SessionConfig};
 pub use modes::{
     AdvantageMode, ApiFormat, ComparatorPolicy, LrSchedule, MarlhfBackend, Modes, PairSelection, ReplayMode,
     RewardHeadKind,

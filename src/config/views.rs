@@ -14,10 +14,10 @@ impl Config {
 
     /// Each actor's sampling settings, as every stage uses them (collection, evaluation,
     /// exported agents): the same but for `max_new_tokens`, which may be per actor.
-    pub fn sampling(&self) -> Vec<crate::model::SamplingParams> {
+    pub fn sampling(&self) -> Vec<pbrl_model::SamplingParams> {
         self.max_new_tokens()
             .into_iter()
-            .map(|max_new_tokens| crate::model::SamplingParams {
+            .map(|max_new_tokens| pbrl_model::SamplingParams {
                 temperature: self.temperature,
                 top_p: self.top_p,
                 top_k: self.top_k.map(|k| k as usize),

@@ -3,11 +3,12 @@ pub mod distribution;
 pub mod replay;
 pub mod selection;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+pub use crate::run::layout::{existing_rounds, round_path};
 use crate::run::{atomic_create, atomic_write};
 
 /// One preference: the winning and losing joint responses to the same prompts (one entry per
@@ -95,29 +96,6 @@ pub fn check_actors(pairs: &[PreferencePair], n: usize, team: &str) -> Result<()
         bail!("selected pair {bad} has {} actors' prompts but this team has {n} ({team})", pairs[bad].prompts.len());
     }
     Ok(())
-}
-
-/// `<dir>/iteration_NNNN.json`.
-pub fn round_path(dir: &Path, iteration: u32) -> PathBuf {
-    dir.join(format!("iteration_{iteration:04}.json"))
-}
-
-/// The round numbers present in `dir`, ascending.
-pub fn existing_rounds(dir: &Path) -> Result<Vec<u32>> {
-    let mut out = Vec::new();
-    if !dir.is_dir() {
-        return Ok(out);
-    }
-    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let name = e?.file_name().to_string_lossy().to_string();
-        if let Some(n) =
-            name.strip_prefix("iteration_").and_then(|r| r.strip_suffix(".json")).and_then(|n| n.parse().ok())
-        {
-            out.push(n);
-        }
-    }
-    out.sort_unstable();
-    Ok(out)
 }
 
 #[cfg(test)]

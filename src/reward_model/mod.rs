@@ -14,7 +14,6 @@
 //! `reward_head.value_projection.*`) and `<dir>/reward_model.json` (how to build and tokenize
 //! the joint text, and which head), written into a temporary sibling and swapped into place, so
 //! a reward model directory is whole or absent.
-pub mod fit;
 
 use std::ops::Range;
 use std::path::Path;
@@ -26,11 +25,11 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::algo::bradley_terry::{joint_text, joint_text_with_responses};
-use crate::model::batch::{PaddedBatch, Padding};
-use crate::model::heads::{last_token_hidden, pair_last_token_hidden, ScalarHead, ValueHead};
-use crate::model::linear::FrozenStorage;
-use crate::model::tokenizer::ByteRange;
-use crate::model::{LoadedModel, Mode};
+use pbrl_model::batch::{PaddedBatch, Padding};
+use pbrl_model::heads::{last_token_hidden, pair_last_token_hidden, ScalarHead, ValueHead};
+use pbrl_model::linear::FrozenStorage;
+use pbrl_model::tokenizer::ByteRange;
+use pbrl_model::{LoadedModel, Mode};
 
 /// The head's prefix in the backbone's `VarMap` (and in `reward_head.safetensors`).
 pub const HEAD: &str = "reward_head";

@@ -1,7 +1,7 @@
 //! The reward model's unit tests (tiny random backbones).
 use super::*;
-use crate::model::tiny::tiny_model;
-use crate::model::Architecture;
+use pbrl_model::tiny::tiny_model;
+use pbrl_model::Architecture;
 
 /// A reward model on a tiny random Llama backbone, for two agents.
 pub(crate) fn tiny_reward_model() -> JointRewardModel {

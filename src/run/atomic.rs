@@ -106,15 +106,6 @@ pub fn pid_alive(pid: u32) -> bool {
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-/// The process's umask (Linux reports it in /proc/self/status; elsewhere the common 022).
-pub fn umask() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Umask:").map(|v| v.trim().to_string())))
-        .and_then(|v| u32::from_str_radix(&v, 8).ok())
-        .unwrap_or(0o022)
-}
-
 /// The pid in a temporary name `.NAME.tmp-PID` / `.NAME.old-PID`.
 fn temp_pid(name: &str) -> Option<u32> {
     if !name.starts_with('.') {

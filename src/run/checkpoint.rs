@@ -12,7 +12,7 @@ use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::fingerprint::Fingerprint;
-use crate::model::LoadedModel;
+use pbrl_model::LoadedModel;
 
 /// Where training stands (`state.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -21,6 +21,8 @@
 //! ```
 use std::path::{Path, PathBuf};
 
+use anyhow::{Context, Result};
+
 use crate::config::Config;
 
 /// A run directory, and where its round files live.
@@ -145,4 +147,27 @@ impl RunDir {
     pub fn policy_snapshot(&self, label: usize) -> PathBuf {
         self.policy_checkpoints().join(format!("iteration_{label:04}"))
     }
+}
+
+/// A round file: `<dir>/iteration_NNNN.json`.
+pub fn round_path(dir: &Path, iteration: u32) -> PathBuf {
+    dir.join(format!("iteration_{iteration:04}.json"))
+}
+
+/// The round numbers present in `dir`, ascending.
+pub fn existing_rounds(dir: &Path) -> Result<Vec<u32>> {
+    let mut out = Vec::new();
+    if !dir.is_dir() {
+        return Ok(out);
+    }
+    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let name = e?.file_name().to_string_lossy().to_string();
+        if let Some(n) =
+            name.strip_prefix("iteration_").and_then(|r| r.strip_suffix(".json")).and_then(|n| n.parse().ok())
+        {
+            out.push(n);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
 }

@@ -1,9 +1,11 @@
 //! The run directory: where every stage reads its inputs and writes its outputs (`layout`), and
 //! the rules that keep it whole: atomic writes (`atomic`), one writer at a time (`lock`), a team saved
-//! all-or-nothing (`team`), and resumes refused under a changed setup (`fingerprint`).
+//! all-or-nothing (`team`), and resumes refused under a changed setup (`fingerprint`; an iterate
+//! run's record of its rounds: `iterate_log`).
 pub mod atomic;
 pub mod checkpoint;
 pub mod fingerprint;
+pub mod iterate_log;
 pub mod layout;
 pub mod lock;
 pub mod team;

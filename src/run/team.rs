@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::RunDir;
-use crate::model::{LoadedModel, SamplingParams};
+use pbrl_model::{LoadedModel, SamplingParams};
 
 pub const MANIFEST: &str = "team.json";
 
@@ -148,9 +148,52 @@ pub fn saved_team(dir: &Path, n: usize) -> Result<Option<Vec<PathBuf>>> {
         bail!("{}: agent `{bad}` is not a subdirectory of the team directory", manifest_path.display());
     }
     let paths: Vec<PathBuf> = manifest.agents.iter().map(|a| dir.join(a)).collect();
-    let whole = |p: &PathBuf| p.join("config.json").is_file() || p.join(crate::model::lora::ADAPTER_CONFIG).is_file();
+    let whole = |p: &PathBuf| p.join("config.json").is_file() || p.join(pbrl_model::lora::ADAPTER_CONFIG).is_file();
     if let Some(missing) = paths.iter().find(|p| !whole(p)) {
         bail!("{}: the team manifest lists {} but it is missing or incomplete", dir.display(), missing.display());
     }
     Ok(Some(paths))
+}
+
+/// Put back the team iterate's round `round` starts from: the previous round's snapshot, or for
+/// round 1 (or when nothing was trained before) the base models (an `agents/` left by a
+/// training cut short is removed).
+pub fn restore_round_input(run: &RunDir, round: u32, num_actors: usize) -> Result<()> {
+    if round > 1 {
+        let previous = run.policy_snapshot(round as usize - 2);
+        if saved_team(&previous, num_actors)?.is_some() {
+            return copy_team(&previous, &run.agents());
+        }
+        // No team was trained before that round (no pairs yet): it starts from the base models.
+    }
+    if run.agents().exists() {
+        std::fs::remove_dir_all(run.agents())
+            .with_context(|| format!("removing {} of the interrupted round 1", run.agents().display()))?;
+    }
+    Ok(())
+}
+
+/// Keep the team as `policy_checkpoints/iteration_{round−1}`, and only the snapshots a later
+/// round can still need: this round's input until its summary is written (a resume repeats the
+/// round from it), and the last `history_k` for a `history` comparator.
+pub fn snapshot_round_team(run: &RunDir, round: u32, num_actors: usize, history_k: Option<usize>) -> Result<()> {
+    let label = round as usize - 1;
+    if saved_team(&run.agents(), num_actors)?.is_none() {
+        return Ok(()); // nothing trained yet: the base models are the snapshot
+    }
+    copy_team(&run.agents(), &run.policy_snapshot(label))?;
+    let mut keep_from = label.saturating_sub(1);
+    if let Some(k) = history_k {
+        keep_from = keep_from.min((label + 1).saturating_sub(k));
+    }
+    let root = run.policy_checkpoints();
+    for e in std::fs::read_dir(&root).with_context(|| format!("reading {}", root.display()))? {
+        let name = e?.file_name().to_string_lossy().to_string();
+        let Some(j) = name.strip_prefix("iteration_").and_then(|n| n.parse::<usize>().ok()) else { continue };
+        if j < keep_from {
+            std::fs::remove_dir_all(root.join(&name))
+                .with_context(|| format!("pruning {}", root.join(&name).display()))?;
+        }
+    }
+    Ok(())
 }

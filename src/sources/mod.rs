@@ -12,11 +12,11 @@ pub mod http;
 
 use anyhow::Result;
 
-use crate::model::SamplingParams;
 use crate::task::{render_template, TaskItem};
 use crate::team::collab::{centralized_comparator_prompt, has_any_section, parse_joint_response};
 use crate::team::rollout::{rollout, rollout_prompts, Rollout};
 use crate::team::Agent;
+use pbrl_model::SamplingParams;
 
 /// A source's joint responses to a batch of items.
 pub struct JointResponses {

@@ -53,15 +53,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     if path.exists() && !opts.force {
         bail!("{} exists; pass --force to replace it, or --round N for another round", path.display());
     }
-    let spec = RoundSpec {
-        round,
-        seed: cfg.seed,
-        candidates: cfg.preference_num_candidates as usize,
-        comparator_candidates: 0,
-        batch_items: cfg.collect_batch_size as usize,
-        selection: cfg.modes.selection,
-        pairs_per_sample: cfg.preference_pairs_per_sample.map(|k| k as usize),
-    };
+    let spec = RoundSpec::of_config(cfg, round, 0);
     let mut scorer = Scorer::Oracle(Oracle::new(cfg)?);
     let team = load_team(cfg, run_dir)?;
     let rows = (batch_rows(cfg), "collect_batch_size × preference_num_candidates");

@@ -1,11 +1,11 @@
-//! `pbrl fit-rm`: fit a joint reward model to the stored preference rounds (`reward_model::fit`:
+//! `pbrl fit-rm`: fit a joint reward model to the stored preference rounds (`train::reward_fit`:
 //! a Bradley–Terry loss, whole items held out, `rm/fresh_rank_acc` measured on fresh samples)
 //! and save it in `<run_dir>/reward_model/`.
 use anyhow::Result;
 
 use crate::config::Config;
-use crate::reward_model::fit::{fit, FitOptions, FitReport};
 use crate::run::RunDir;
+use crate::train::reward_fit::{fit, FitOptions, FitReport};
 
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &FitOptions) -> Result<Option<FitReport>> {
     let Some(report) = fit(cfg, run_dir, opts)? else {

@@ -1,5 +1,6 @@
 //! Task items, prompt templates, and the task reward.
 pub mod command;
+pub mod configured;
 pub mod reward;
 pub mod split;
 

@@ -12,14 +12,14 @@ use candle_core::Device;
 use crate::config::{AgentLora, BaseDType, ComputeDType};
 use crate::config::{Config, DeviceSpec};
 use crate::device::{ensure_fits, parse_device};
-use crate::model::linear::FrozenStorage;
-use crate::model::lora::LoraSpec;
-use crate::model::LoadedModel;
 use crate::rng::{derive_seed, purpose};
 use crate::run::team::saved_team;
 use crate::run::RunDir;
 use crate::task::{render_template, TaskItem};
 use collab::{joint_prompt, Collaboration};
+use pbrl_model::linear::FrozenStorage;
+use pbrl_model::lora::LoraSpec;
+use pbrl_model::LoadedModel;
 
 pub struct Agent {
     pub index: usize,
@@ -107,7 +107,7 @@ pub fn check_fits(
             }
             longest = longest.max(n);
         }
-        let need = crate::model::sampling::sampling_bytes(config, rows.0, longest + max_new_tokens);
+        let need = pbrl_model::sampling::sampling_bytes(config, rows.0, longest + max_new_tokens);
         ensure_fits(&agent.device, need, |need, free| {
             format!(
                 "{split}: sampling {} rows at once ({}) with max_new_tokens = {max_new_tokens} needs about {need} MiB \
@@ -200,10 +200,10 @@ fn over_shared_base(a: &Agent, device: &Device, source: &str) -> Result<Option<L
         return Ok(Some(base));
     }
     let dir = std::path::Path::new(source);
-    if !dir.join(crate::model::lora::ADAPTER_CONFIG).is_file() {
+    if !dir.join(pbrl_model::lora::ADAPTER_CONFIG).is_file() {
         return Ok(None);
     }
-    let adapter = crate::model::lora::LoraAgent::read(dir)?;
+    let adapter = pbrl_model::lora::LoraAgent::read(dir)?;
     if adapter.base != base.source {
         return Ok(None);
     }
@@ -306,7 +306,7 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
                 bases.push((key, loaded));
                 Ok(bases.len() - 1)
             };
-            let saved_adapter = std::path::Path::new(&source).join(crate::model::lora::ADAPTER_CONFIG).is_file();
+            let saved_adapter = std::path::Path::new(&source).join(pbrl_model::lora::ADAPTER_CONFIG).is_file();
             let configured_lora = configured_lora(i);
             let mut model = match configured_lora.as_ref().filter(|_| fresh_lora) {
                 Some(spec) => {
@@ -315,7 +315,7 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
                     LoadedModel::with_lora(&bases[k].1, spec, seed)?
                 }
                 None if saved_adapter => {
-                    let agent = crate::model::lora::LoraAgent::read(std::path::Path::new(&source))?;
+                    let agent = pbrl_model::lora::LoraAgent::read(std::path::Path::new(&source))?;
                     let k = base_of(&mut bases, &agent.base)?;
                     let m = LoadedModel::adapter_over(&bases[k].1, &source, &agent.spec)?;
                     crate::run::team::refuse_non_finite(&format!("agent {i} from `{source}`"), &m)?;

@@ -4,10 +4,10 @@
 use anyhow::Result;
 
 use super::Agent;
-use crate::model::sampling::{sample, SampleRequest, SamplingParams};
-use crate::model::scoring::{token_log_probs, LastToken, ScoreRow};
-use crate::model::Mode;
 use crate::task::TaskItem;
+use pbrl_model::sampling::{sample, SampleRequest, SamplingParams};
+use pbrl_model::scoring::{token_log_probs, LastToken, ScoreRow};
+use pbrl_model::Mode;
 
 /// What an actor produced for one request.
 #[derive(Debug, Clone, PartialEq)]

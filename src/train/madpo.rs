@@ -22,17 +22,19 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::algo::madpo::{accuracy, joint_margins, other_margins};
-use crate::algo::madpo_batch::{agent_objective, agent_rows, batch_scores, margin_values, margins, scorer, SeqLogProb};
 use crate::config::Config;
-use crate::model::scoring::{scored_tokens, LastToken, ScoreRow};
-use crate::model::Mode;
 use crate::prefs::replay::training_pairs;
 use crate::prefs::{check_actors, round_path, PreferencePair};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::RunDir;
 use crate::team::collab::Collaboration;
 use crate::team::{load_reference_team, load_training_team, Agent};
-use crate::train::session::{Session, TrainingData, TrainingSummary};
+use crate::train::madpo_batch::{
+    agent_objective, agent_rows, batch_scores, margin_values, margins, scorer, SeqLogProb,
+};
+use crate::train::session::{Session, SessionSetup, TrainingData, TrainingSummary};
+use pbrl_model::scoring::{scored_tokens, LastToken, ScoreRow};
+use pbrl_model::Mode;
 
 pub struct TrainOptions {
     pub resume: bool,
@@ -118,7 +120,10 @@ pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<Opti
     let files: Vec<(u32, PathBuf)> = rounds.iter().map(|&r| (r, round_path(&dir, r))).collect();
     let files: Vec<(u32, &Path)> = files.iter().map(|(r, p)| (*r, p.as_path())).collect();
     let data = TrainingData { rounds: &files, num_examples: pairs.len() };
-    let mut session = Session::open(cfg, run_dir, "train-madpo", &team, data, cfg.agent_learning_rate, opts.resume)?;
+    // The configured sources, not the team as loaded: resuming restores every weight from the
+    // checkpoint, and a run that finished has replaced the team it started from.
+    let setup = SessionSetup::of(cfg, data.rounds, &cfg.agent_sources()?, Some(&team))?;
+    let mut session = Session::open(setup, run_dir, "train-madpo", &team, data, cfg.agent_learning_rate, opts.resume)?;
     let models = session.models();
     // The reference log-probs, [actor][pair]: computed before the first update of a fresh run,
     // so "the agents as training starts" are the weights just loaded; read back on --resume,

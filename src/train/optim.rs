@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, Layout, Tensor, Var};
 
-use crate::model::pool::{self, Chunks};
+use pbrl_model::pool::{self, Chunks};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWConfig {
@@ -227,7 +227,7 @@ impl candle_core::InplaceOp2 for FusedAdamW<'_> {
             // The first update writes the moments without reading them. Zeroed vectors would be
             // fresh pages mapped to the kernel's zero page, so reading then writing them faults
             // twice per page and flushes the other cores' TLBs: about half of train-madpo's
-            // first update on SmolLM2-135M (docs/benchmarks.md, session 13).
+            // first update on SmolLM2-135M.
             let n = p.len();
             m.reserve_exact(n);
             v.reserve_exact(n);

@@ -23,18 +23,16 @@ use serde_json::{json, Value};
 
 use super::optim::{AdamW, AdamWConfig};
 use super::summary::keeps_best;
-use crate::config::Config;
-use crate::evaluation::{evaluate, periodic_eval_items, periodic_eval_stream};
-use crate::model::LoadedModel;
-use crate::oracle::Oracle;
+use crate::config::{Config, SessionConfig};
+use crate::evaluation::{evaluate, periodic_eval, PeriodicEval};
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
 use crate::run::checkpoint::{self, EvalPoint, Progress};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::team::{copy_team, save_merged_team, save_team, save_team_to};
 use crate::run::RunDir;
-use crate::task::TaskItem;
-use crate::team::{check_fits, Agent};
+use crate::team::Agent;
+use pbrl_model::LoadedModel;
 
 /// What a training phase learns from: the rounds (their files are fingerprinted) and how many
 /// examples they hold.
@@ -75,7 +73,7 @@ impl Step<'_> {
             return Ok(None);
         }
         let backward = std::time::Instant::now();
-        let grads = crate::model::weight_grads::backward(&loss).with_context(|| format!("agent {i}: backward pass"))?;
+        let grads = pbrl_model::weight_grads::backward(&loss).with_context(|| format!("agent {i}: backward pass"))?;
         drop(loss);
         keep_alive(); // free the activations before the optimizer touches its moments
         self.times.backward_s += backward.elapsed().as_secs_f64();
@@ -87,20 +85,32 @@ impl Step<'_> {
     }
 }
 
-/// Evaluation during training: the held-out items and their reward.
-struct PeriodicEval {
-    items: Vec<TaskItem>,
-    oracle: Oracle,
-    /// The seed of its draws (`periodic_eval_stream`).
-    stream: u64,
-    /// The newest evaluation.
-    last: Option<EvalPoint>,
+/// What a session takes from the run's config, built once by its trainer: its own settings,
+/// the fingerprint a resume must match, and the periodic evaluation of the team.
+pub struct SessionSetup {
+    pub config: SessionConfig,
+    /// The config's, the round files' and the models' sources' (a [`Plan`]'s extras are added).
+    pub fingerprint: Fingerprint,
+    pub eval: Option<PeriodicEval>,
+}
+
+impl SessionSetup {
+    /// The setup of a training on `rounds` of models from `sources`; the periodic evaluation
+    /// when there is a team to evaluate and `eval_interval` asks for it.
+    pub fn of(cfg: &Config, rounds: &[(u32, &Path)], sources: &[String], team: Option<&[Agent]>) -> Result<Self> {
+        let numbers: Vec<u32> = rounds.iter().map(|(r, _)| *r).collect();
+        let eval = match team {
+            Some(team) if cfg.eval_interval > 0 => periodic_eval(cfg, team, &numbers)?,
+            _ => None,
+        };
+        Ok(Self { config: cfg.session(), fingerprint: Fingerprint::of_training(cfg, rounds, sources)?, eval })
+    }
 }
 
 pub use super::summary::TrainingSummary;
 
 pub struct Session<'a> {
-    cfg: &'a Config,
+    config: SessionConfig,
     run_dir: &'a RunDir,
     stage: &'static str,
     /// The agents, when the session trains them (evaluated, saved at the end).
@@ -115,17 +125,18 @@ pub struct Session<'a> {
     pub progress: Progress,
     rng: ChaCha8Rng,
     eval: Option<PeriodicEval>,
+    /// The newest periodic evaluation.
+    last_eval: Option<EvalPoint>,
 }
 
 /// What a session trains and how: the models (the team's agents first, when it trains a team;
-/// then any others, such as critics), with the weights each one's optimizer updates and the
-/// sources the fingerprint names, their learning rates, the epochs, where checkpoints and
-/// the summary go, and the random stream that shuffles the examples.
+/// then any others, such as critics), with the weights each one's optimizer updates, their
+/// learning rates, the epochs, where checkpoints and the summary go, and the random stream that
+/// shuffles the examples.
 pub struct Plan<'a> {
     pub stage: &'static str,
     pub models: Vec<&'a LoadedModel>,
     pub params: Vec<Vec<(String, Var)>>,
-    pub sources: Vec<String>,
     /// Each model's learning rate.
     pub learning_rates: Vec<f64>,
     pub epochs: u64,
@@ -141,7 +152,7 @@ impl<'a> Session<'a> {
     /// A session on the team: every weight trained at `learning_rate` for `num_train_epochs`,
     /// with the periodic evaluation and keep-best, the state in the run directory itself.
     pub fn open(
-        cfg: &'a Config,
+        setup: SessionSetup,
         run_dir: &'a RunDir,
         stage: &'static str,
         team: &'a [Agent],
@@ -153,28 +164,26 @@ impl<'a> Session<'a> {
             stage,
             models: team.iter().map(|a| &a.model).collect(),
             params: team.iter().map(|a| all_weights(&a.model)).collect(),
-            // The configured sources, not the team as loaded: resuming restores every weight
-            // from the checkpoint, and a run that finished has replaced the team it started from.
-            sources: cfg.agent_sources()?,
             learning_rates: vec![learning_rate; team.len()],
-            epochs: cfg.num_train_epochs as u64,
+            epochs: setup.config.num_train_epochs,
             state_dir: run_dir.root.clone(),
             shuffle: Some(purpose::TRAIN),
             fingerprint_extra: Vec::new(),
         };
-        Self::open_plan(cfg, run_dir, plan, Some(team), data, resume)
+        Self::open_plan(setup, run_dir, plan, Some(team), data, resume)
     }
 
     /// A session on any models (`team`: the agents, for the periodic evaluation and for saving
     /// them at the end; `None` for a reward model, which its stage saves itself).
     pub fn open_plan(
-        cfg: &'a Config,
+        setup: SessionSetup,
         run_dir: &'a RunDir,
         plan: Plan<'a>,
         team: Option<&'a [Agent]>,
         data: TrainingData,
         resume: bool,
     ) -> Result<Self> {
+        let SessionSetup { config, mut fingerprint, eval } = setup;
         let n = plan.models.len();
         if plan.learning_rates.len() != n || plan.params.len() != n {
             bail!("a training plan needs one learning rate and one weight list per model");
@@ -192,9 +201,8 @@ impl<'a> Session<'a> {
                     .with_context(|| format!("model {i}: allocating the AdamW state"))
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[plan.shuffle.unwrap_or(purpose::TRAIN)]));
+        let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(config.seed, &[plan.shuffle.unwrap_or(purpose::TRAIN)]));
         let rounds: Vec<u32> = data.rounds.iter().map(|(r, _)| *r).collect();
-        let mut fingerprint = Fingerprint::of_training(cfg, data.rounds, &plan.sources)?;
         fingerprint.0.extend(plan.fingerprint_extra);
         let mut progress = Progress {
             kind: plan.stage.into(),
@@ -227,23 +235,8 @@ impl<'a> Session<'a> {
         // Where this run's metrics start, for the plot (a resumed run continues its lines).
         run_dir.log_metrics(&json!({"stage": plan.stage, "event": if resume { "resume" } else { "start" },
             "update": progress.updates}))?;
-        let eval = match team {
-            Some(team) if cfg.eval_interval > 0 => match periodic_eval_items(cfg)? {
-                Some(items) => {
-                    check_fits(team, &items, &cfg.max_new_tokens(), cfg.eval_rows(), "eval")?;
-                    Some(PeriodicEval {
-                        items,
-                        oracle: Oracle::new(cfg)?,
-                        stream: periodic_eval_stream(cfg.seed, &rounds),
-                        last: None,
-                    })
-                }
-                None => None,
-            },
-            _ => None,
-        };
         Ok(Self {
-            cfg,
+            config,
             run_dir,
             stage: plan.stage,
             team,
@@ -256,6 +249,7 @@ impl<'a> Session<'a> {
             progress,
             rng,
             eval,
+            last_eval: None,
         })
     }
 
@@ -276,7 +270,6 @@ impl<'a> Session<'a> {
         batch_size: usize,
         mut step: impl FnMut(&mut Step, &[usize], &mut Value) -> Result<()>,
     ) -> Result<()> {
-        let cfg = self.cfg;
         let epochs = self.epochs;
         let batches = num_examples.div_ceil(batch_size) as u64;
         let bar = progress::bar((epochs - self.progress.epoch.min(epochs)) * batches, self.stage);
@@ -291,18 +284,18 @@ impl<'a> Session<'a> {
             for chunk in order.chunks(batch_size) {
                 self.maybe_evaluate()?;
                 let mut metrics = json!({"stage": self.stage, "epoch": epoch + 1, "update": self.progress.updates + 1});
-                let factor = cfg.lr_scheduler_type.factor(self.progress.updates, epochs * batches);
+                let factor = self.config.lr_schedule.factor(self.progress.updates, epochs * batches);
                 for (optim, lr) in self.optims.iter_mut().zip(&self.learning_rates) {
                     optim.config.lr = lr * factor;
                 }
-                if !cfg.lr_scheduler_type.is_constant() {
+                if !self.config.lr_schedule.is_constant() {
                     metrics["lr_factor"] = json!(factor);
                 }
                 // The update's adapter-dropout masks: a function of the seed, the stage, the
                 // rounds it trains on, the model and the update (`model::dropout`).
                 for (i, m) in self.models.iter().enumerate() {
                     let path = [purpose::LORA_DROPOUT, salt, i as u64, self.progress.updates];
-                    m.model.begin_dropout_step(derive_seed(cfg.seed, &path));
+                    m.model.begin_dropout_step(derive_seed(self.config.seed, &path));
                 }
                 let progress = &mut self.progress;
                 let update_started = std::time::Instant::now();
@@ -332,15 +325,16 @@ impl<'a> Session<'a> {
             }
             self.progress.epoch = epoch + 1;
             self.progress.rng_word_pos = self.rng.get_word_pos();
-            if cfg.checkpoint_interval > 0 && self.progress.epoch.is_multiple_of(cfg.checkpoint_interval as u64) {
-                let limit = cfg.checkpoint_total_limit.map(|l| l as usize);
+            let interval = self.config.checkpoint_interval;
+            if interval > 0 && self.progress.epoch.is_multiple_of(interval) {
+                let limit = self.config.checkpoint_total_limit;
                 let models = self.models();
                 checkpoint::save(&self.state_dir, self.progress.epoch, &models, &self.optims, &self.progress, limit)?;
             }
         }
         bar.finish_and_clear();
         // The final agents are evaluated too (unless that evaluation just ran).
-        if self.eval.as_ref().is_some_and(|ev| ev.last.is_none_or(|l| l.update != self.progress.updates)) {
+        if self.eval.is_some() && self.last_eval.is_none_or(|l| l.update != self.progress.updates) {
             self.evaluate_now()?;
         }
         Ok(())
@@ -348,7 +342,7 @@ impl<'a> Session<'a> {
 
     /// The periodic evaluation, before the updates where `updates % eval_interval == 0`.
     fn maybe_evaluate(&mut self) -> Result<()> {
-        if self.eval.is_some() && self.progress.updates.is_multiple_of(self.cfg.eval_interval as u64) {
+        if self.eval.is_some() && self.progress.updates.is_multiple_of(self.config.eval_interval) {
             self.evaluate_now()?;
         }
         Ok(())
@@ -358,19 +352,19 @@ impl<'a> Session<'a> {
     /// beat the best so far (strictly: a tie keeps the earlier, less trained agents).
     fn evaluate_now(&mut self) -> Result<()> {
         let (Some(ev), Some(team)) = (self.eval.as_mut(), self.team) else { return Ok(()) };
-        let out = evaluate(self.cfg, team, &ev.items, &mut ev.oracle, ev.stream)?;
+        let out = evaluate(&ev.config, team, &ev.items, &mut ev.oracle, ev.stream)?;
         let point = EvalPoint {
             update: self.progress.updates,
             reward_mean: out.reward_mean(),
             reward_stderr: out.reward_stderr,
         };
-        ev.last = Some(point);
+        self.last_eval = Some(point);
         self.run_dir.log_metrics(&out.with_metrics(json!({"stage": self.stage, "update": point.update})))?;
         if self.progress.best.is_none_or(|b| point.reward_mean > b.reward_mean) {
-            if self.cfg.keep_best {
+            if self.config.keep_best {
                 let dir = self.run_dir.best_agents();
                 let record = serde_json::to_vec_pretty(&point)?;
-                save_team_to(&dir, &self.team_models(), &self.cfg.sampling(), Some(("best.json", &record)))?;
+                save_team_to(&dir, &self.team_models(), &self.config.sampling, Some(("best.json", &record)))?;
             }
             self.progress.best = Some(point);
         }
@@ -381,13 +375,13 @@ impl<'a> Session<'a> {
     /// evaluation's agents), write the summary and the plot, and mark the run finished. A
     /// session without a team saves nothing itself: its stage has saved what it trained.
     pub fn finish(self) -> Result<TrainingSummary> {
-        let final_eval = self.eval.as_ref().and_then(|ev| ev.last);
+        let final_eval = self.last_eval;
         let best = self.progress.best;
-        let use_best = self.cfg.keep_best && keeps_best(best, final_eval, self.cfg.keep_best_tolerance);
+        let use_best = self.config.keep_best && keeps_best(best, final_eval, self.config.keep_best_tolerance);
         if self.team.is_some() {
             self.save_team(use_best)?;
-            if self.cfg.agent_lora.as_ref().is_some_and(|l| l.save_merged) {
-                save_merged_team(self.run_dir, &self.cfg.sampling())?;
+            if self.config.save_merged {
+                save_merged_team(self.run_dir, &self.config.sampling)?;
             }
         }
         let summary = TrainingSummary {
@@ -410,7 +404,7 @@ impl Session<'_> {
     /// in `best_agents/`), the last ones then going to `final_agents/`.
     fn save_team(&self, use_best: bool) -> Result<()> {
         if !use_best {
-            return save_team(self.run_dir, &self.team_models(), &self.cfg.sampling());
+            return save_team(self.run_dir, &self.team_models(), &self.config.sampling);
         }
         let best = self.progress.best;
         let dir = self.run_dir.best_agents();
@@ -426,7 +420,7 @@ impl Session<'_> {
         }
         copy_team(&dir, &self.run_dir.agents())?;
         // The last agents stay available (`pbrl eval --team <run_dir>/final_agents`).
-        save_team_to(&self.run_dir.final_agents(), &self.team_models(), &self.cfg.sampling(), None)
+        save_team_to(&self.run_dir.final_agents(), &self.team_models(), &self.config.sampling, None)
     }
 }
 

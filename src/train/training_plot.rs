@@ -16,12 +16,18 @@ pub fn training_plot(run_dir: &RunDir, stage: &str) -> Result<String> {
     // (quantity, series) -> update -> value, later lines replacing earlier ones.
     let mut points: std::collections::BTreeMap<(String, String), std::collections::BTreeMap<u64, f64>> =
         Default::default();
+    // The evaluations' standard errors, drawn as a band around their means.
+    let mut eval_stderr: std::collections::BTreeMap<u64, f64> = Default::default();
     for v in lines[start..].iter().filter(mine).filter(|v| v.get("event").is_none()) {
         let Some(update) = v["update"].as_u64() else { continue };
         for (k, x) in v.as_object().into_iter().flatten() {
             let Some(x) = x.as_f64() else { continue };
             let (quantity, series) = match k.as_str() {
-                "eval/turn_1/reward_mean" => ("eval reward (mean)".to_string(), "reward".to_string()),
+                "eval/turn_1/reward_stderr" => {
+                    eval_stderr.insert(update, x);
+                    continue;
+                }
+                "eval/turn_1/reward_mean" => (EVAL_REWARD.to_string(), "reward".to_string()),
                 k if k.starts_with("eval/agent_") => {
                     let (agent, what) = k["eval/".len()..].split_once('/').unwrap_or((k, ""));
                     (format!("eval {}", what.replace('_', " ")), agent.to_string())
@@ -36,17 +42,23 @@ pub fn training_plot(run_dir: &RunDir, stage: &str) -> Result<String> {
         }
     }
     let mut panels: Vec<crate::plot::Panel> = Vec::new();
-    for ((quantity, series), pts) in points {
-        let pts: Vec<(f64, f64)> = pts.into_iter().map(|(u, x)| (u as f64, x)).collect();
+    for ((quantity, name), pts) in points {
+        let mut series = crate::plot::Series::line(name, pts.iter().map(|(&u, &x)| (u as f64, x)).collect());
+        if quantity == EVAL_REWARD {
+            series.band = Some(pts.keys().map(|u| eval_stderr.get(u).copied().unwrap_or(0.0)).collect());
+        }
         match panels.iter_mut().find(|p| p.title == quantity) {
-            Some(p) => p.series.push((series, pts)),
-            None => panels.push(crate::plot::Panel { title: quantity, series: vec![(series, pts)] }),
+            Some(p) => p.series.push(series),
+            None => panels.push(crate::plot::Panel { title: quantity, series: vec![series] }),
         }
     }
     // Eval reward first.
-    panels.sort_by_key(|p| !p.title.starts_with("eval reward"));
-    Ok(crate::plot::line_panels(&format!("{stage}: {}", run_dir.root.display()), "update", &panels))
+    panels.sort_by_key(|p| p.title != EVAL_REWARD);
+    Ok(crate::plot::line_panels(&format!("{stage}: {}", crate::plot::short_path(&run_dir.root)), "update", &panels))
 }
+
+/// The evaluations' panel: their mean reward, the band ± its standard error over prompts.
+const EVAL_REWARD: &str = "eval reward (mean; band: ± s.e. over prompts)";
 
 /// The per-update metrics the training plot shows (besides the evaluations).
 const PLOTTED: &[&str] = &[

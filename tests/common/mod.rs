@@ -94,7 +94,7 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
 /// Returns (gradients checked, worst relative difference).
 #[allow(dead_code)]
 pub fn check_grads(
-    m: &pbrl::model::LoadedModel,
+    m: &pbrl_model::LoadedModel,
     grads: &candle_core::backprop::GradStore,
     want: &std::collections::HashMap<String, Tensor>,
     prefix: &str,
@@ -157,9 +157,9 @@ pub fn ref_python() -> Option<PathBuf> {
 /// compare its logits on `ids` with pbrl's (within `tolerance`); returns the script's report. `None` where no
 /// reference Python is set.
 pub fn check_export_in_transformers(
-    m: &pbrl::model::LoadedModel,
+    m: &pbrl_model::LoadedModel,
     ids: &[u32],
-    sampling: &pbrl::model::SamplingParams,
+    sampling: &pbrl_model::SamplingParams,
     tolerance: f64,
 ) -> Option<serde_json::Value> {
     let Some(py) = ref_python() else {
@@ -169,11 +169,11 @@ pub fn check_export_in_transformers(
     let d = tempfile::tempdir().unwrap();
     let agent = d.path().join("agent_0");
     m.save_hf_dir(&agent, Some(sampling)).unwrap();
-    let back = pbrl::model::LoadedModel::load(agent.to_str().unwrap(), &candle_core::Device::Cpu).unwrap();
+    let back = pbrl_model::LoadedModel::load(agent.to_str().unwrap(), &candle_core::Device::Cpu).unwrap();
     let dev = candle_core::Device::Cpu;
     let batch =
-        pbrl::model::batch::PaddedBatch::new(&[ids.to_vec()], 0, pbrl::model::batch::Padding::Right, &dev).unwrap();
-    let logits = back.model.forward(&batch.ids, &batch.positions, &batch.bias, None, pbrl::model::Mode::Infer).unwrap();
+        pbrl_model::batch::PaddedBatch::new(&[ids.to_vec()], 0, pbrl_model::batch::Padding::Right, &dev).unwrap();
+    let logits = back.model.forward(&batch.ids, &batch.positions, &batch.bias, None, pbrl_model::Mode::Infer).unwrap();
     let case = d.path().join("case.safetensors");
     let ids_t = Tensor::new(ids, &dev).unwrap().to_dtype(candle_core::DType::I64).unwrap().unsqueeze(0).unwrap();
     candle_core::safetensors::save(

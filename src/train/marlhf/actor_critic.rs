@@ -35,15 +35,15 @@ use super::TrainOptions;
 use crate::algo::actor_critic::{actor_loss, buffer_advantages, value_loss};
 use crate::config::{Config, DeviceSpec, MarlhfBackend};
 use crate::device::parse_device;
-use crate::model::heads::ValueHead;
-use crate::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
-use crate::model::{LoadedModel, Mode};
 use crate::rng::{derive_seed, purpose};
 use crate::run::fingerprint::source_digest;
 use crate::run::RunDir;
 use crate::team::rollout::Rollout;
 use crate::team::Agent;
-use crate::train::session::{all_weights, Plan, Session, TrainingData, TrainingSummary};
+use crate::train::session::{all_weights, Plan, Session, SessionSetup, TrainingData, TrainingSummary};
+use pbrl_model::heads::ValueHead;
+use pbrl_model::scoring::{sequence_log_probs, LastToken, ScoreRow};
+use pbrl_model::{LoadedModel, Mode};
 
 /// The value heads' prefix in their model's `VarMap`.
 pub const VALUE_HEAD: &str = "value_head";
@@ -140,7 +140,6 @@ pub(super) fn train(cfg: &Config, run_dir: &RunDir, setup: &Setup, opts: &TrainO
         stage: "train-marlhf",
         params: models.iter().map(|m| all_weights(m)).collect(),
         models,
-        sources: cfg.agent_sources()?,
         learning_rates,
         epochs: cfg.num_train_epochs as u64,
         state_dir: run_dir.marlhf_state(),
@@ -148,7 +147,8 @@ pub(super) fn train(cfg: &Config, run_dir: &RunDir, setup: &Setup, opts: &TrainO
         fingerprint_extra,
     };
     let data = TrainingData { rounds: &[], num_examples: setup.items.len() };
-    let mut session = Session::open_plan(cfg, run_dir, plan, Some(team), data, opts.resume)?;
+    let session_setup = SessionSetup::of(cfg, data.rounds, &cfg.agent_sources()?, Some(team))?;
+    let mut session = Session::open_plan(session_setup, run_dir, plan, Some(team), data, opts.resume)?;
     let chunk_samples = cfg.pairs_per_update().max(1);
     let clip = match &critics {
         Critics::Shared(_) => cfg.value_clip_range,

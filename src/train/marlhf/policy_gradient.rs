@@ -10,13 +10,13 @@ use serde_json::json;
 use crate::algo::advantages::{group_advantages, AdvantageMode, AdvantageRule};
 use crate::algo::policy_gradient::{chunk_loss, group_loss};
 use crate::config::Config;
-use crate::model::scoring::{sequence_log_probs, LastToken, ScoreRow};
-use crate::model::Mode;
 use crate::rng::{derive_seed, purpose};
 use crate::run::RunDir;
 use crate::team::rollout::Rollout;
 use crate::team::Agent;
-use crate::train::session::{all_weights, Plan, Session, TrainingData, TrainingSummary};
+use crate::train::session::{all_weights, Plan, Session, SessionSetup, TrainingData, TrainingSummary};
+use pbrl_model::scoring::{sequence_log_probs, LastToken, ScoreRow};
+use pbrl_model::Mode;
 
 use super::setup::{abs_mean, mean, rollout_pad, ScoredRollout, Setup};
 use super::TrainOptions;
@@ -47,7 +47,6 @@ pub(super) fn train_policy_gradient(
         stage: "train-marlhf",
         models: team.iter().map(|a| &a.model).collect(),
         params: team.iter().map(|a| all_weights(&a.model)).collect(),
-        sources: cfg.agent_sources()?,
         learning_rates: vec![cfg.agent_learning_rate; team.len()],
         epochs: cfg.num_train_epochs as u64,
         state_dir: run_dir.marlhf_state(),
@@ -55,7 +54,8 @@ pub(super) fn train_policy_gradient(
         fingerprint_extra: vec![("reward model".into(), setup.rm_digest.clone())],
     };
     let data = TrainingData { rounds: &[], num_examples: items.len() };
-    let mut session = Session::open_plan(cfg, run_dir, plan, Some(team), data, opts.resume)?;
+    let session_setup = SessionSetup::of(cfg, data.rounds, &cfg.agent_sources()?, Some(team))?;
+    let mut session = Session::open_plan(session_setup, run_dir, plan, Some(team), data, opts.resume)?;
 
     session.run(items.len(), buffer, |step, chunk, metrics| {
         let epoch = step.epoch;

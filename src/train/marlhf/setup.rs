@@ -9,9 +9,6 @@ use serde_json::{json, Value};
 use crate::algo::reference_kl::k3_sequence_kl;
 use crate::config::Config;
 use crate::device::{ensure_fits, parse_device};
-use crate::model::scoring::{token_log_probs, LastToken, ScoreRow};
-use crate::model::{LoadedModel, Mode};
-use crate::reward_model::fit::{FitReportFile, FRESH_RANK_WARN};
 use crate::reward_model::JointRewardModel;
 use crate::rng::{derive_seed, purpose};
 use crate::run::RunDir;
@@ -19,6 +16,9 @@ use crate::task::split::train_items;
 use crate::task::TaskItem;
 use crate::team::rollout::{rollout, Rollout};
 use crate::team::{check_fits, load_reference_team, load_training_team, Agent};
+use crate::train::reward_fit::{FitReportFile, FRESH_RANK_WARN};
+use pbrl_model::scoring::{token_log_probs, LastToken, ScoreRow};
+use pbrl_model::{LoadedModel, Mode};
 
 /// Joint texts per reward-model forward pass.
 pub(super) const SCORE_BATCH: usize = 8;

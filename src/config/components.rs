@@ -1,0 +1,66 @@
+//! The small typed configs that components take, built from the file's flat keys: counts as
+//! `usize`/`u64`, modes as enums, per-actor lists resolved. A component reads its own config,
+//! never the whole file.
+use pbrl_model::SamplingParams;
+
+use super::{Config, LrSchedule};
+
+/// What the training session reads (`train::session`): the seed of its streams, the epochs, the
+/// schedule, checkpoints, the periodic evaluation's cadence, keep-best, and how the team is saved.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    pub seed: u64,
+    pub num_train_epochs: u64,
+    pub lr_schedule: LrSchedule,
+    /// Epochs between checkpoints (0: none).
+    pub checkpoint_interval: u64,
+    pub checkpoint_total_limit: Option<usize>,
+    /// Updates between periodic evaluations (0: none).
+    pub eval_interval: u64,
+    pub keep_best: bool,
+    pub keep_best_tolerance: f64,
+    /// LoRA agents also saved merged into their bases.
+    pub save_merged: bool,
+    /// Each actor's sampling settings, saved with the team.
+    pub sampling: Vec<SamplingParams>,
+}
+
+/// What an evaluation reads (`evaluation::evaluate`): each actor's sampling settings, the
+/// samples per item, the batch and how many sampling rows it makes.
+#[derive(Debug, Clone)]
+pub struct EvalConfig {
+    pub sampling: Vec<SamplingParams>,
+    pub samples_per_item: usize,
+    pub batch_items: usize,
+    /// Sampling rows per batch, and the keys that set them (for the memory check's message).
+    pub rows: (usize, &'static str),
+    /// One actor writes every role (its joint completion is kept in the report).
+    pub centralized: bool,
+}
+
+impl Config {
+    pub fn session(&self) -> SessionConfig {
+        SessionConfig {
+            seed: self.seed,
+            num_train_epochs: self.num_train_epochs as u64,
+            lr_schedule: self.lr_scheduler_type,
+            checkpoint_interval: self.checkpoint_interval as u64,
+            checkpoint_total_limit: self.checkpoint_total_limit.map(|l| l as usize),
+            eval_interval: self.eval_interval as u64,
+            keep_best: self.keep_best,
+            keep_best_tolerance: self.keep_best_tolerance,
+            save_merged: self.agent_lora.as_ref().is_some_and(|l| l.save_merged),
+            sampling: self.sampling(),
+        }
+    }
+
+    pub fn eval(&self) -> EvalConfig {
+        EvalConfig {
+            sampling: self.sampling(),
+            samples_per_item: self.eval_samples_per_item as usize,
+            batch_items: self.eval_batch_size as usize,
+            rows: self.eval_rows(),
+            centralized: self.modes.centralized,
+        }
+    }
+}
