@@ -70,7 +70,7 @@ fn load_config(args: &CommonArgs, command: &str) -> Result<Option<(Config, RunDi
         print!("{}", cfg.to_toml());
         return Ok(None);
     }
-    let run_dir = RunDir::of(&cfg);
+    let run_dir = RunDir::with_replay(&cfg.run_dir, cfg.preference_replay_dir.clone());
     let lock = RunLock::acquire(&run_dir, command)?;
     // Temporary files of killed commands (this one holds the lock, so none is being written).
     for dir in [run_dir.root.clone(), run_dir.replay().to_path_buf()] {

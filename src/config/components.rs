@@ -1,9 +1,11 @@
 //! The small typed configs that components take, built from the file's flat keys: counts as
 //! `usize`/`u64`, modes as enums, per-actor lists resolved. A component reads its own config,
 //! never the whole file.
+use std::path::PathBuf;
+
 use pbrl_model::SamplingParams;
 
-use super::{Config, LrSchedule};
+use super::{Config, EvalSplit, LrSchedule};
 
 /// What the training session reads (`train::session`): the seed of its streams, the epochs, the
 /// schedule, checkpoints, the periodic evaluation's cadence, keep-best, and how the team is saved.
@@ -38,7 +40,30 @@ pub struct EvalConfig {
     pub centralized: bool,
 }
 
+/// What the split of the task's items reads (`task::split`): the train file, the roles'
+/// prompt templates (every item must fill them), the held-out share, and iterate's items per
+/// round.
+#[derive(Debug, Clone)]
+pub struct SplitConfig {
+    pub train_file: Option<PathBuf>,
+    pub role_templates: Vec<String>,
+    pub eval_split: EvalSplit,
+    /// The seed of the held-out choice and of the rounds' items.
+    pub seed: u64,
+    pub items_per_round: Option<usize>,
+}
+
 impl Config {
+    pub fn split(&self) -> SplitConfig {
+        SplitConfig {
+            train_file: self.task.train_file.clone(),
+            role_templates: self.role_templates(),
+            eval_split: self.eval_split,
+            seed: self.seed,
+            items_per_round: self.items_per_round.map(|k| k as usize),
+        }
+    }
+
     pub fn session(&self) -> SessionConfig {
         SessionConfig {
             seed: self.seed,

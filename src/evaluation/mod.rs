@@ -55,7 +55,7 @@ pub fn periodic_eval_items(cfg: &Config) -> Result<Option<Vec<TaskItem>>> {
             held_out_file_items(cfg, cfg.task.validation_file.as_ref(), "task.validation_file", "validation")?
         }
         EvalSplit::TrainShare(_) => {
-            let mut items = held_out_items(cfg)?;
+            let mut items = held_out_items(&cfg.split())?;
             items.truncate(cfg.eval_num_samples as usize);
             items
         }
@@ -275,7 +275,7 @@ mod tests {
         let prompts = |cfg: &Config| -> Vec<String> {
             periodic_eval_items(cfg).unwrap().unwrap().iter().map(|it| it["prompt"].to_string()).collect()
         };
-        let trained = |cfg: &Config| crate::task::split::train_items(cfg).unwrap().len();
+        let trained = |cfg: &Config| crate::task::split::train_items(&cfg.split()).unwrap().len();
         cfg.eval_split = EvalSplit::ValidationFile;
         assert_eq!(prompts(&cfg), ["\"validation 0\"", "\"validation 1\"", "\"validation 2\"", "\"validation 3\""]);
         assert_eq!(trained(&cfg), 10, "every train item is trained on");

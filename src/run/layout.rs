@@ -23,8 +23,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::config::Config;
-
 /// A run directory, and where its round files live.
 #[derive(Debug, Clone)]
 pub struct RunDir {
@@ -39,11 +37,12 @@ impl RunDir {
         Self { replay: root.join("preference_replay"), root }
     }
 
-    /// The config's run directory (`run_dir`; round files in `preference_replay_dir` when set).
-    pub fn of(cfg: &Config) -> Self {
-        let dir = Self::new(&cfg.run_dir);
-        match &cfg.preference_replay_dir {
-            Some(replay) => Self { replay: replay.clone(), ..dir },
+    /// A run directory `root` (the config's `run_dir`) with its round files in `replay` when
+    /// given (`preference_replay_dir`), else in `preference_replay/`.
+    pub fn with_replay(root: impl Into<PathBuf>, replay: Option<PathBuf>) -> Self {
+        let dir = Self::new(root);
+        match replay {
+            Some(replay) => Self { replay, ..dir },
             None => dir,
         }
     }

@@ -57,7 +57,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     let mut scorer = Scorer::Oracle(Oracle::new(cfg)?);
     let team = load_team(cfg, run_dir)?;
     let rows = (batch_rows(cfg), "collect_batch_size × preference_num_candidates");
-    let items: Vec<(usize, TaskItem)> = train_items(cfg)?;
+    let items: Vec<(usize, TaskItem)> = train_items(&cfg.split())?;
     let item_list: Vec<TaskItem> = items.iter().map(|(_, it)| it.clone()).collect();
     check_fits(&team, &item_list, &cfg.max_new_tokens(), rows, "train")?;
 

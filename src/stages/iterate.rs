@@ -46,7 +46,8 @@ pub struct IterateOptions {
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> {
     // Everything a round will need is checked before the run directory records anything, so a
     // mistake found here leaves it usable for the corrected command.
-    let items = train_items(cfg)?;
+    let split = cfg.split();
+    let items = train_items(&split)?;
     if items.is_empty() {
         bail!("no train items to compare on");
     }
@@ -78,7 +79,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
             restored = true;
         }
         let t = std::time::Instant::now();
-        let round_items = items_of_round(cfg, &items, round);
+        let round_items = items_of_round(&split, &items, round);
         let path = round_path(run_dir.replay(), round);
         let stats = match path.exists() {
             true => stats_of_file(&RoundFile::load(&path)?, round_items.len()),

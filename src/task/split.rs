@@ -7,7 +7,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::{load_items, TaskItem};
-use crate::config::{Config, EvalSplit};
+use crate::config::{EvalSplit, SplitConfig};
 use crate::rng::{derive_seed, purpose};
 
 /// Which of `n` items are held out: round(n·share), at least 1 and leaving at least 1.
@@ -49,16 +49,16 @@ pub fn choose_held_out_groups<K: Eq + std::hash::Hash>(keys: &[K], share: f64, s
     groups.into_iter().map(|g| held[g]).collect()
 }
 
-fn all_train_items(cfg: &Config) -> Result<Vec<TaskItem>> {
-    let train_file = cfg.task.train_file.as_ref().context("task.train_file is not set: this stage needs task items")?;
+fn all_train_items(cfg: &SplitConfig) -> Result<Vec<TaskItem>> {
+    let train_file = cfg.train_file.as_ref().context("task.train_file is not set: this stage needs task items")?;
     let items = load_items(train_file)?;
-    super::check_prompts(&cfg.role_templates(), items.iter().enumerate(), "train")?;
+    super::check_prompts(&cfg.role_templates, items.iter().enumerate(), "train")?;
     Ok(items)
 }
 
 /// The items collection and training use, each with its index in the train file (random
 /// streams are derived from it, so holding items out does not change the others' samples).
-pub fn train_items(cfg: &Config) -> Result<Vec<(usize, TaskItem)>> {
+pub fn train_items(cfg: &SplitConfig) -> Result<Vec<(usize, TaskItem)>> {
     let items = all_train_items(cfg)?;
     let held = match cfg.eval_split {
         EvalSplit::EvalFile | EvalSplit::ValidationFile => vec![false; items.len()],
@@ -68,7 +68,7 @@ pub fn train_items(cfg: &Config) -> Result<Vec<(usize, TaskItem)>> {
 }
 
 /// The held-out train items (empty unless `eval_split` is a share), in file order.
-pub fn held_out_items(cfg: &Config) -> Result<Vec<TaskItem>> {
+pub fn held_out_items(cfg: &SplitConfig) -> Result<Vec<TaskItem>> {
     let EvalSplit::TrainShare(x) = cfg.eval_split else { return Ok(Vec::new()) };
     let items = all_train_items(cfg)?;
     let held = held_out(items.len(), x, cfg.seed)?;
@@ -92,10 +92,10 @@ pub fn round_items(n: usize, k: usize, round: u32, stream_seed: u64) -> Vec<usiz
 
 /// The train items (from [`train_items`]) round `round` of `iterate` compares on: all of them,
 /// or `items_per_round` of them ([`round_items`], seeded by the run's seed).
-pub fn items_of_round(cfg: &Config, items: &[(usize, TaskItem)], round: u32) -> Vec<(usize, TaskItem)> {
+pub fn items_of_round(cfg: &SplitConfig, items: &[(usize, TaskItem)], round: u32) -> Vec<(usize, TaskItem)> {
     match cfg.items_per_round {
         None => items.to_vec(),
-        Some(k) => round_items(items.len(), k as usize, round, derive_seed(cfg.seed, &[purpose::ROUND_ITEMS]))
+        Some(k) => round_items(items.len(), k, round, derive_seed(cfg.seed, &[purpose::ROUND_ITEMS]))
             .into_iter()
             .map(|p| items[p].clone())
             .collect(),

@@ -343,12 +343,12 @@ fn fresh_rank(
     let team = load_team(cfg, run_dir)?;
     let prompts_of = |item: &TaskItem| team.iter().map(|a| a.prompt_for(item)).collect::<Result<Vec<_>>>();
     let mut items = Vec::new();
-    for (_, item) in train_items(cfg)? {
+    for (_, item) in train_items(&cfg.split())? {
         if held_prompts.contains(&prompts_of(&item)?) {
             items.push(item);
         }
     }
-    for item in held_out_items(cfg)? {
+    for item in held_out_items(&cfg.split())? {
         if !fitted_prompts.contains(&prompts_of(&item)?) {
             items.push(item);
         }

@@ -86,7 +86,7 @@ impl Setup {
             bail!("{} scores teams of {} agents, this config has {}", rm_dir.display(), rm.num_agents, cfg.num_agents);
         }
         warn_on_fresh_rank(run_dir);
-        let (indices, items): (Vec<usize>, Vec<TaskItem>) = train_items(cfg)?.into_iter().unzip();
+        let (indices, items): (Vec<usize>, Vec<TaskItem>) = train_items(&cfg.split())?.into_iter().unzip();
         if items.is_empty() {
             bail!("no train items to learn from");
         }
