@@ -40,12 +40,16 @@ pub struct EvalConfig {
     pub centralized: bool,
 }
 
-/// What the split of the task's items reads (`task::split`): the train file, the roles'
-/// prompt templates (every item must fill them), the held-out share, and iterate's items per
-/// round.
+/// Which of the task's items each stage uses (`task::split`, `evaluation`'s items): the files,
+/// the roles' prompt templates (every item must fill them), the held-out share, the eval items
+/// an evaluation takes, and iterate's items per round.
 #[derive(Debug, Clone)]
 pub struct SplitConfig {
     pub train_file: Option<PathBuf>,
+    pub eval_file: Option<PathBuf>,
+    pub validation_file: Option<PathBuf>,
+    /// Eval items an evaluation uses, at most (0: no evaluation).
+    pub eval_num_samples: usize,
     pub role_templates: Vec<String>,
     pub eval_split: EvalSplit,
     /// The seed of the held-out choice and of the rounds' items.
@@ -57,6 +61,9 @@ impl Config {
     pub fn split(&self) -> SplitConfig {
         SplitConfig {
             train_file: self.task.train_file.clone(),
+            eval_file: self.task.eval_file.clone(),
+            validation_file: self.task.validation_file.clone(),
+            eval_num_samples: self.eval_num_samples as usize,
             role_templates: self.role_templates(),
             eval_split: self.eval_split,
             seed: self.seed,

@@ -43,7 +43,7 @@ impl RunEvaluation {
 /// report `eval/eval-<UTC time>.json` (every joint response), a metrics line, and the plot of
 /// the run directory's evaluations so far (`eval/eval_reward.svg`).
 pub fn evaluate_run(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<RunEvaluation> {
-    let items = eval_items(cfg)?.context("eval_num_samples is 0: nothing to evaluate")?;
+    let items = eval_items(&cfg.split())?.context("eval_num_samples is 0: nothing to evaluate")?;
     let mut oracle = Oracle::new(cfg)?;
     let team = load_members(cfg, run_dir, members)?;
     let started = std::time::Instant::now();

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 
 use crate::algo::trend::{item_means, MeanSe};
-use crate::config::{Config, EvalConfig, EvalSplit};
+use crate::config::{Config, EvalConfig, EvalSplit, SplitConfig};
 use crate::oracle::Oracle;
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
@@ -23,40 +23,40 @@ use crate::team::{check_fits, Agent};
 /// The first `eval_num_samples` items of a held-out file (`split` names it in errors), each
 /// checked to give every role a prompt.
 fn held_out_file_items(
-    cfg: &Config,
+    cfg: &SplitConfig,
     file: Option<&std::path::PathBuf>,
     key: &str,
     split: &str,
 ) -> Result<Vec<TaskItem>> {
     let file = file.with_context(|| format!("{key} is not set: this evaluation needs its items"))?;
     let mut items = load_items(file)?;
-    items.truncate(cfg.eval_num_samples as usize);
-    crate::task::check_prompts(&cfg.role_templates(), items.iter().enumerate(), split)?;
+    items.truncate(cfg.eval_num_samples);
+    crate::task::check_prompts(&cfg.role_templates, items.iter().enumerate(), split)?;
     Ok(items)
 }
 
 /// The held-out items an evaluation uses (`None` when `eval_num_samples` is 0).
-pub fn eval_items(cfg: &Config) -> Result<Option<Vec<TaskItem>>> {
+pub fn eval_items(cfg: &SplitConfig) -> Result<Option<Vec<TaskItem>>> {
     if cfg.eval_num_samples == 0 {
         return Ok(None);
     }
-    Ok(Some(held_out_file_items(cfg, cfg.task.eval_file.as_ref(), "task.eval_file", "eval")?))
+    Ok(Some(held_out_file_items(cfg, cfg.eval_file.as_ref(), "task.eval_file", "eval")?))
 }
 
 /// The items of the periodic evaluation during training: the eval file's (as `pbrl eval`), the
 /// validation file's, or with `eval_split = x` the held-out train items; at most `eval_num_samples`.
-pub fn periodic_eval_items(cfg: &Config) -> Result<Option<Vec<TaskItem>>> {
+pub fn periodic_eval_items(cfg: &SplitConfig) -> Result<Option<Vec<TaskItem>>> {
     if cfg.eval_num_samples == 0 {
         return Ok(None);
     }
     Ok(Some(match cfg.eval_split {
         EvalSplit::EvalFile => return eval_items(cfg),
         EvalSplit::ValidationFile => {
-            held_out_file_items(cfg, cfg.task.validation_file.as_ref(), "task.validation_file", "validation")?
+            held_out_file_items(cfg, cfg.validation_file.as_ref(), "task.validation_file", "validation")?
         }
         EvalSplit::TrainShare(_) => {
-            let mut items = held_out_items(&cfg.split())?;
-            items.truncate(cfg.eval_num_samples as usize);
+            let mut items = held_out_items(cfg)?;
+            items.truncate(cfg.eval_num_samples);
             items
         }
     }))
@@ -191,7 +191,7 @@ pub struct PeriodicEval {
 /// The periodic evaluation of `team` in a training on `rounds` (`None` without eval items),
 /// checked to fit the team's context and memory before any training.
 pub fn periodic_eval(cfg: &Config, team: &[Agent], rounds: &[u32]) -> Result<Option<PeriodicEval>> {
-    let Some(items) = periodic_eval_items(cfg)? else { return Ok(None) };
+    let Some(items) = periodic_eval_items(&cfg.split())? else { return Ok(None) };
     check_fits(team, &items, &cfg.max_new_tokens(), cfg.eval_rows(), "eval")?;
     Ok(Some(PeriodicEval {
         items,
@@ -273,7 +273,7 @@ mod tests {
         cfg.task.validation_file = Some(file("validation", 5));
         cfg.eval_num_samples = 4;
         let prompts = |cfg: &Config| -> Vec<String> {
-            periodic_eval_items(cfg).unwrap().unwrap().iter().map(|it| it["prompt"].to_string()).collect()
+            periodic_eval_items(&cfg.split()).unwrap().unwrap().iter().map(|it| it["prompt"].to_string()).collect()
         };
         let trained = |cfg: &Config| crate::task::split::train_items(&cfg.split()).unwrap().len();
         cfg.eval_split = EvalSplit::ValidationFile;
@@ -286,7 +286,7 @@ mod tests {
         assert!(prompts(&cfg).len() == 3 && prompts(&cfg).iter().all(|p| p.contains("train")));
         assert_eq!(trained(&cfg), 7, "the held-out share is not trained on");
         cfg.eval_num_samples = 0;
-        assert!(periodic_eval_items(&cfg).unwrap().is_none());
+        assert!(periodic_eval_items(&cfg.split()).unwrap().is_none());
     }
 
     #[test]
