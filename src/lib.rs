@@ -2,9 +2,9 @@
 //!
 //! Data flows one way: command line → [`config`] → a stage in [`stages`] (a recipe) → the
 //! library: rounds of preference pairs ([`rounds`], from [`sources`], scored by the [`oracle`]),
-//! training ([`train`], [`reward_model`]), evaluation ([`evaluation`]) → the team of agents
-//! ([`team`]) and the model runtime (the `pbrl-model` crate) → candle; every artefact lives in the run directory
-//! ([`run`]).
+//! training ([`train`], [`reward_model`]), evaluation ([`evaluation`], [`report`]) → the team
+//! of agents ([`team`]) and the model runtime (the `pbrl-model` crate) → candle; every artefact
+//! lives in the run directory ([`run`]).
 pub mod algo;
 pub mod cli;
 pub mod config;

@@ -1,6 +1,6 @@
 //! SVG line charts for the run directory, drawn with `plotters`' SVG backend: one chart per
 //! quantity, stacked under a title, each with ticks and rounded labels on both axes, its series
-//! as lines (a lone point as a dot) and an optional ± band around a series.
+//! as lines (the points of a short one marked) and an optional ± band around a series.
 use plotters::prelude::*;
 
 /// One series: a name, its (x, y) points and, optionally, a half-width per point drawn as a
@@ -35,6 +35,8 @@ const WIDTH: u32 = 640;
 const PANEL_HEIGHT: u32 = 220;
 const TITLE_HEIGHT: u32 = 28;
 const TITLE_FONT: u32 = 14;
+/// Series of at most this many points have each point marked.
+const MARKED_POINTS: usize = 30;
 
 /// The panels stacked into one SVG under `title`, sharing the x label; panels without finite
 /// points are left out.
@@ -109,10 +111,11 @@ fn draw_panel(area: &Area, panel: &Panel, x_label: &str) -> Result<(), Box<dyn s
                 .draw_series(std::iter::once(Polygon::new(upper.chain(lower).collect::<Vec<_>>(), color.mix(0.18))))?;
         }
         let pts: Vec<(f64, f64)> = finite(s).collect();
-        let drawn = match pts.len() {
-            1 => chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?,
-            _ => chart.draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?,
-        };
+        // A few points (evaluations, rounds) are marked each, so a reader sees where they lie.
+        if pts.len() <= MARKED_POINTS {
+            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+        }
+        let drawn = chart.draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?;
         if panel.series.len() > 1 {
             drawn
                 .label(&s.name)
@@ -226,7 +229,7 @@ mod tests {
         assert!(s.contains("eval &lt;reward&gt;") && !s.contains("\nempty\n"));
         assert!(s.matches("<polyline").count() >= 2, "the two lines");
         assert_eq!(s.matches("<polygon").count(), 1, "one band");
-        assert_eq!(s.matches("<circle").count(), 1, "the lone point");
+        assert_eq!(s.matches("<circle").count(), 2 + 1 + 2, "each point of a short series marked");
         assert!(s.contains("\nupdate\n"), "the x label");
     }
 

@@ -1,5 +1,7 @@
 //! The model runtime: a trainable transformer on candle, its loading and saving, tokenizer and
-//! chat template, batched sampling and log-prob scoring. It knows nothing of preferences.
+//! chat template, batched sampling and log-prob scoring (the `pbrl-model` crate). It knows
+//! nothing of preferences, configs or run directories: the compiler keeps it so, since it
+//! depends on nothing of the trainer.
 pub mod batch;
 pub mod chat_template;
 pub mod checkpoint;
