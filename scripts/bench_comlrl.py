@@ -56,7 +56,7 @@ def quickstart_team():
     # CoMLRL cuts prompts at the first pad id; SmolLM2's pad is <|im_end|>, so use <|endoftext|>.
     # Its MADPO scorer cuts completions at the first pad too, then leaves the last token out: with
     # this pad it trains the last content token of a finished answer, which CoMLRL with SmolLM2's
-    # own pad, the golden test and pbrl's score_last_token = false leave out (docs/tasks.md).
+    # own pad, the golden test and pbrl's score_last_token = false leave out.
     tok.pad_token = "<|endoftext|>"
     agents = []
     for _ in range(2):

@@ -5,7 +5,7 @@
 //! Work sent to a second pool (rayon's) runs while those workers spin: on a 2-core machine
 //! three threads then share two cores and every product waits for the one descheduled. So
 //! pbrl's own kernels (matrix products, fused ops, AdamW) run on candle's pool too, through
-//! [`map`] and [`Chunks`] (docs/benchmarks.md, "One pool for every kernel").
+//! [`map`] and [`Chunks`].
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};

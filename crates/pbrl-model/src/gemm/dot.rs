@@ -22,8 +22,7 @@
 use super::KernelFamily;
 
 /// Products with at most this many rows run on the dot kernels (when their layout allows).
-/// Measured with `cargo bench --bench runtime -- gemm` (docs/benchmarks.md, "Decode steps
-/// without packing").
+/// Measured with `cargo bench --bench runtime -- gemm`.
 pub const DOT_MAX_ROWS: usize = 16;
 
 /// Whether the dot kernels compute an (m, ·) product whose lhs rows are `lhs_col_stride`

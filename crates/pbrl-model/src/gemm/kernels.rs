@@ -39,10 +39,10 @@ impl KernelFamily {
 
 /// Products whose output has fewer rows than this (on its smaller side) take the 256-bit
 /// kernels even where AVX-512 exists. Measured with `cargo bench --bench runtime -- gemm` on an
-/// Intel Xeon with AVX-512, 2 threads, products cut over candle's pool (docs/benchmarks.md, "One
-/// pool"): on SmolLM2-135M's products the 512-bit kernels are 0.71-1.34x as fast at 8 rows,
-/// 0.82-1.31x at 16, 0.92-1.61x at 32 and 1.29-1.66x at 64; `pbrl collect` at 64 rows per
-/// agent took 0.86x the time with the threshold at 32 instead of 128.
+/// Intel Xeon with AVX-512, 2 threads, products cut over candle's pool: on SmolLM2-135M's
+/// products the 512-bit kernels are 0.71-1.34x as fast at 8 rows, 0.82-1.31x at 16, 0.92-1.61x
+/// at 32 and 1.29-1.66x at 64; `pbrl collect` at 64 rows per agent took 0.86x the time with the
+/// threshold at 32 instead of 128.
 pub const WIDE_MIN_ROWS: usize = 32;
 
 /// How pbrl picks kernels: by the rule (`auto`) or one family forced by `PBRL_GEMM`.

@@ -318,7 +318,7 @@ struct Blocks {
 /// Products of at most this many rows in x Wᵀ's layout (and more than `DOT_MAX_ROWS`) are
 /// computed as they are, W read in place, not transposed with W packed. Measured with `cargo
 /// bench --bench runtime -- gemm` on an Intel Xeon with AVX-512, 2 threads: at 32 rows 1.0-2.2x
-/// as fast, at 64 0.8-1.4x, at 128 0.6-1.0x (docs/benchmarks.md, "Decode steps without packing").
+/// as fast, at 64 0.8-1.4x, at 128 0.6-1.0x.
 const UNPACKED_MAX_ROWS: usize = 48;
 /// Products below this many multiply-adds run on the calling thread alone (`gemm`'s own
 /// threading threshold).
@@ -399,7 +399,7 @@ unsafe fn block_product(
     // (n, m) = rhsᵀ · lhsᵀ on column-major terms, which its microkernels prefer; but gemm then
     // packs W (lhs of the transposed product, row-major) into panels, a strided gather of the
     // whole matrix for every product. With few rows in x Wᵀ's layout it computes the product
-    // as it is instead: x (small) is packed and W read in place (docs/benchmarks.md).
+    // as it is instead: x (small) is packed and W read in place.
     let dst_factor = if read_dst { 1.0 } else { 0.0 };
     let reading = |o: RawOperand| (o.ptr, o.col_stride as isize, o.row_stride as isize);
     let transposed = |o: RawOperand| (o.ptr, o.row_stride as isize, o.col_stride as isize);
