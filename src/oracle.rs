@@ -4,7 +4,7 @@
 //! the roles were given, then `reward_processor`.
 use anyhow::Result;
 
-use crate::config::Config;
+use crate::config::OracleConfig;
 use crate::task::configured::build_reward;
 use crate::task::reward::{RewardProcessor, TaskReward};
 use crate::task::TaskItem;
@@ -24,9 +24,9 @@ pub struct Scores {
 
 impl Oracle {
     /// The config's task reward (a `command` reward's program is started here).
-    pub fn new(cfg: &Config) -> Result<Self> {
-        let (reward, processor) = build_reward(&cfg.reward, cfg.reward_timeout_s)?;
-        Ok(Self { reward, processor, collab: Collaboration::from_config(cfg) })
+    pub fn new(cfg: &OracleConfig) -> Result<Self> {
+        let (reward, processor) = build_reward(&cfg.reward, cfg.timeout_s)?;
+        Ok(Self { reward, processor, collab: Collaboration::new(cfg.centralized, cfg.role_templates.clone()) })
     }
 
     /// Score an item's joint responses (`joints[k]`: each actor's output), given each actor's

@@ -325,7 +325,7 @@ fn rollout_log_probs_equal_a_plain_forward() {
         d.path().join("m").display()
     );
     let cfg = Config::from_toml_str(&toml, "t.toml", &[]).unwrap();
-    let team = pbrl::team::load_team(&cfg, &pbrl::run::RunDir::new(d.path().join("run"))).unwrap();
+    let team = pbrl::team::load_team(&cfg.team().unwrap(), &pbrl::run::RunDir::new(d.path().join("run"))).unwrap();
     let items: Vec<pbrl::task::TaskItem> =
         ["w1 w2 w3", "w4"].iter().map(|p| serde_json::json!({ "prompt": p }).as_object().unwrap().clone()).collect();
     let mut out = rollout(&team, &items, 2, &cfg.sampling(), |j, a, k| (j * 10 + a * 3 + k) as u64, |_| {}).unwrap();

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use pbrl_model::SamplingParams;
 
-use super::{Config, EvalSplit, LrSchedule};
+use super::{AgentLora, BaseDType, Config, ConfigError, DeviceSpec, EvalSplit, LrSchedule, RewardConfig};
 
 /// What the training session reads (`train::session`): the seed of its streams, the epochs, the
 /// schedule, checkpoints, the periodic evaluation's cadence, keep-best, and how the team is saved.
@@ -57,7 +57,80 @@ pub struct SplitConfig {
     pub items_per_round: Option<usize>,
 }
 
+/// What the oracle reads (`oracle::Oracle`): the `[reward]` table, a `command` reward's timeout,
+/// and how the roles' outputs come out of the actors' (centralized: one actor writes every role,
+/// each role's template then shown to the reward).
+#[derive(Debug, Clone)]
+pub struct OracleConfig {
+    pub reward: RewardConfig,
+    pub timeout_s: f64,
+    pub centralized: bool,
+    pub role_templates: Vec<String>,
+}
+
+/// What loading the team reads (`team`): its roles and actors, each actor's source and device,
+/// the prompt recipe (templates, system prompts, the chat template and its arguments, and
+/// whether one actor writes every role), LoRA agents and how a training team is set up, and
+/// where read-only references go and how they store their weights.
+#[derive(Debug, Clone)]
+pub struct TeamConfig {
+    pub num_roles: usize,
+    pub num_actors: usize,
+    pub sources: Vec<String>,
+    pub devices: Vec<String>,
+    pub formatters: Vec<String>,
+    pub system_prompts: Option<Vec<String>>,
+    pub centralized: bool,
+    pub role_templates: Vec<String>,
+    pub chat_template: bool,
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    pub agent_lora: Option<AgentLora>,
+    /// The seed of fresh adapters.
+    pub seed: u64,
+    pub gradient_checkpointing: bool,
+    pub reference_devices: Option<DeviceSpec>,
+    pub frozen_dtype: Option<BaseDType>,
+}
+
 impl Config {
+    /// The team's settings; the sources and devices resolved (an error names the key).
+    pub fn team(&self) -> Result<TeamConfig, ConfigError> {
+        let num_actors = self.num_actors();
+        let sources = self.agent_sources()?;
+        let devices = DeviceSpec::resolve(self.agent_devices.as_ref(), num_actors, "agent_devices")?;
+        let chat_template_kwargs = match serde_json::to_value(&self.task.chat_template_kwargs) {
+            Ok(serde_json::Value::Object(m)) => m,
+            Ok(_) => unreachable!("a TOML table serializes to a JSON object"),
+            Err(e) => return Err(ConfigError(format!("task.chat_template_kwargs: {e}"))),
+        };
+        Ok(TeamConfig {
+            num_roles: self.num_agents as usize,
+            num_actors,
+            sources,
+            devices,
+            formatters: self.task.formatters.clone(),
+            system_prompts: self.task.system_prompts.clone(),
+            centralized: self.modes.centralized,
+            role_templates: self.role_templates(),
+            chat_template: self.task.chat_template,
+            chat_template_kwargs,
+            agent_lora: self.agent_lora.clone(),
+            seed: self.seed,
+            gradient_checkpointing: self.gradient_checkpointing,
+            reference_devices: self.reference_devices.clone(),
+            frozen_dtype: self.frozen_dtype,
+        })
+    }
+
+    pub fn oracle(&self) -> OracleConfig {
+        OracleConfig {
+            reward: self.reward.clone(),
+            timeout_s: self.reward_timeout_s,
+            centralized: self.modes.centralized,
+            role_templates: self.role_templates(),
+        }
+    }
+
     pub fn split(&self) -> SplitConfig {
         SplitConfig {
             train_file: self.task.train_file.clone(),

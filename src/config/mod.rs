@@ -27,7 +27,7 @@ mod tests;
 mod values;
 mod views;
 
-pub use components::{EvalConfig, SessionConfig, SplitConfig};
+pub use components::{EvalConfig, OracleConfig, SessionConfig, SplitConfig, TeamConfig};
 pub use modes::{
     AdvantageMode, ApiFormat, ComparatorPolicy, LrSchedule, MarlhfBackend, Modes, PairSelection, ReplayMode,
     RewardHeadKind,

@@ -44,8 +44,8 @@ impl RunEvaluation {
 /// the run directory's evaluations so far (`eval/eval_reward.svg`).
 pub fn evaluate_run(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<RunEvaluation> {
     let items = eval_items(&cfg.split())?.context("eval_num_samples is 0: nothing to evaluate")?;
-    let mut oracle = Oracle::new(cfg)?;
-    let team = load_members(cfg, run_dir, members)?;
+    let mut oracle = Oracle::new(&cfg.oracle())?;
+    let team = load_members(&cfg.team()?, run_dir, members)?;
     let started = std::time::Instant::now();
     let evaluation = evaluate(&cfg.eval(), &team, &items, &mut oracle, cfg.seed)?;
     let team_label = match members {

@@ -195,7 +195,7 @@ pub fn periodic_eval(cfg: &Config, team: &[Agent], rounds: &[u32]) -> Result<Opt
     check_fits(team, &items, &cfg.max_new_tokens(), cfg.eval_rows(), "eval")?;
     Ok(Some(PeriodicEval {
         items,
-        oracle: Oracle::new(cfg)?,
+        oracle: Oracle::new(&cfg.oracle())?,
         config: cfg.eval(),
         stream: periodic_eval_stream(cfg.seed, rounds),
     }))

@@ -21,7 +21,7 @@ use crate::team::{check_fits, load_team};
 
 /// Round `round`'s comparisons over `items` (the round's train items), written as its round file.
 pub fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, TaskItem)]) -> Result<RoundStats> {
-    let team = load_team(cfg, run_dir)?;
+    let team = load_team(&cfg.team()?, run_dir)?;
     let n_cur = cfg.preference_num_candidates as usize;
     let n_cmp = cfg.comparator_num_candidates.map_or(n_cur, |n| n as usize);
     let spec = RoundSpec::of_config(cfg, round, n_cmp);
@@ -44,7 +44,7 @@ pub fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize
             crate::team::frozen_storage(cfg.frozen_dtype),
         )?))
     } else {
-        Scorer::Oracle(Oracle::new(cfg)?)
+        Scorer::Oracle(Oracle::new(&cfg.oracle())?)
     };
     let bar = progress::bar(items.len() as u64, "iterate: compare");
     let source = TeamSource::new(Agents::Borrowed(&team), cfg.sampling());

@@ -54,8 +54,8 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
         bail!("{} exists; pass --force to replace it, or --round N for another round", path.display());
     }
     let spec = RoundSpec::of_config(cfg, round, 0);
-    let mut scorer = Scorer::Oracle(Oracle::new(cfg)?);
-    let team = load_team(cfg, run_dir)?;
+    let mut scorer = Scorer::Oracle(Oracle::new(&cfg.oracle())?);
+    let team = load_team(&cfg.team()?, run_dir)?;
     let rows = (batch_rows(cfg), "collect_batch_size × preference_num_candidates");
     let items: Vec<(usize, TaskItem)> = train_items(&cfg.split())?;
     let item_list: Vec<TaskItem> = items.iter().map(|(_, it)| it.clone()).collect();

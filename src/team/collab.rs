@@ -9,7 +9,6 @@
 use anyhow::Result;
 use regex::Regex;
 
-use crate::config::Config;
 use crate::task::{render_template, TaskItem};
 
 #[derive(Debug, Clone)]
@@ -22,9 +21,10 @@ pub enum Collaboration {
 }
 
 impl Collaboration {
-    pub fn from_config(cfg: &Config) -> Self {
-        match cfg.modes.centralized {
-            true => Collaboration::Centralized { templates: cfg.role_templates() },
+    /// Centralized (`templates`: each role's) or not.
+    pub fn new(centralized: bool, templates: Vec<String>) -> Self {
+        match centralized {
+            true => Collaboration::Centralized { templates },
             false => Collaboration::Decentralized,
         }
     }

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::Device;
 
 use crate::config::{AgentLora, BaseDType, ComputeDType};
-use crate::config::{Config, DeviceSpec};
+use crate::config::{DeviceSpec, TeamConfig};
 use crate::device::{ensure_fits, parse_device};
 use crate::rng::{derive_seed, purpose};
 use crate::run::team::saved_team;
@@ -134,7 +134,7 @@ pub enum Members {
 /// `run::team::save_team`) when it has them, else the configured base models.
 /// A reference policy per actor: `sources[i]` loaded on `reference_devices[i]`, with actor i's
 /// prompts (`what` names the sources in errors).
-pub fn load_reference_team(cfg: &Config, team: &[Agent], sources: &[String], what: &str) -> Result<Vec<Agent>> {
+pub fn load_reference_team(cfg: &TeamConfig, team: &[Agent], sources: &[String], what: &str) -> Result<Vec<Agent>> {
     let devices = DeviceSpec::resolve(cfg.reference_devices.as_ref(), team.len(), "reference_devices")?;
     load_as(team, sources, &devices, frozen_storage(cfg.frozen_dtype), what)
 }
@@ -211,13 +211,13 @@ fn over_shared_base(a: &Agent, device: &Device, source: &str) -> Result<Option<L
     Ok(Some(LoadedModel::adapter_over(&base, source, &adapter.spec)?))
 }
 
-pub fn load_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
+pub fn load_team(cfg: &TeamConfig, run_dir: &RunDir) -> Result<Vec<Agent>> {
     load_members(cfg, run_dir, &Members::Current)
 }
 
 /// The run's current team to train: its layers checkpointed when `gradient_checkpointing` asks,
 /// LoRA agents' adapters with `agent_lora.dropout`.
-pub fn load_training_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> {
+pub fn load_training_team(cfg: &TeamConfig, run_dir: &RunDir) -> Result<Vec<Agent>> {
     let mut team = load_team(cfg, run_dir)?;
     if cfg.gradient_checkpointing {
         team.iter_mut().for_each(|a| a.model.checkpoint_layers());
@@ -231,11 +231,10 @@ pub fn load_training_team(cfg: &Config, run_dir: &RunDir) -> Result<Vec<Agent>> 
 }
 
 /// Load a team of the given members, each actor on its device with its prompt recipe.
-pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<Vec<Agent>> {
-    let roles = cfg.num_agents as usize;
-    let n = cfg.num_actors();
-    let sources = cfg.agent_sources()?;
-    let devices = DeviceSpec::resolve(cfg.agent_devices.as_ref(), n, "agent_devices")?;
+pub fn load_members(cfg: &TeamConfig, run_dir: &RunDir, members: &Members) -> Result<Vec<Agent>> {
+    let roles = cfg.num_roles;
+    let n = cfg.num_actors;
+    let (sources, devices) = (&cfg.sources, &cfg.devices);
     let pick = |v: &[String], i: usize| {
         if v.len() == 1 {
             v[0].clone()
@@ -243,14 +242,14 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
             v[i].clone()
         }
     };
-    let recipe = |i: usize| match Collaboration::from_config(cfg) {
+    let recipe = |i: usize| match Collaboration::new(cfg.centralized, cfg.role_templates.clone()) {
         Collaboration::Decentralized => PromptRecipe::Role {
-            template: pick(&cfg.task.formatters, i),
-            system_prompt: cfg.task.system_prompts.as_ref().map(|s| pick(s, i)),
+            template: pick(&cfg.formatters, i),
+            system_prompt: cfg.system_prompts.as_ref().map(|s| pick(s, i)),
         },
         Collaboration::Centralized { templates } => PromptRecipe::Joint {
             templates,
-            system_prompts: cfg.task.system_prompts.as_ref().map(|s| (0..roles).map(|r| pick(s, r)).collect()),
+            system_prompts: cfg.system_prompts.as_ref().map(|s| (0..roles).map(|r| pick(s, r)).collect()),
         },
     };
     // A saved team must be whole (a partial one is an error, never filled with base models).
@@ -262,10 +261,7 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
                 .with_context(|| format!("{} holds no saved team (no such directory)", dir.display()))?,
         ),
     };
-    let template_kwargs = match serde_json::to_value(&cfg.task.chat_template_kwargs)? {
-        serde_json::Value::Object(m) => m,
-        _ => unreachable!("a TOML table serializes to a JSON object"),
-    };
+    let template_kwargs = &cfg.chat_template_kwargs;
     // LoRA agents not yet trained: fresh adapters on their base, one base in memory per source
     // and device (its weights shared, never copied).
     // Each agent's adapter shape (one for all, or one each).
@@ -335,7 +331,7 @@ pub fn load_members(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
                 );
             }
             model.tokenizer.template_kwargs = template_kwargs.clone();
-            Ok(Agent { index: i, model, device, recipe: recipe(i), chat_template: cfg.task.chat_template })
+            Ok(Agent { index: i, model, device, recipe: recipe(i), chat_template: cfg.chat_template })
         })
         .collect()
 }

@@ -27,7 +27,6 @@ use crate::prefs::replay::training_pairs;
 use crate::prefs::{check_actors, round_path, PreferencePair};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::RunDir;
-use crate::team::collab::Collaboration;
 use crate::team::{load_reference_team, load_training_team, Agent};
 use crate::train::madpo_batch::{
     agent_objective, agent_rows, batch_scores, margin_values, margins, scorer, SeqLogProb,
@@ -112,8 +111,8 @@ pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<Opti
     }
     let n = cfg.num_actors();
     check_actors(&pairs, n, &cfg.team_setup())?;
-    let team = load_training_team(cfg, run_dir)?;
-    let last = scorer(Collaboration::from_config(cfg).is_centralized(), cfg.score_last_token);
+    let team = load_training_team(&cfg.team()?, run_dir)?;
+    let last = scorer(cfg.modes.centralized, cfg.score_last_token);
     let max_new = cfg.max_new_tokens();
     check_pairs_fit(&team, &pairs, &max_new, last, cfg.pairs_per_update())?;
     let dir = run_dir.replay().to_path_buf();
@@ -276,7 +275,7 @@ fn reference_log_probs(
     let (scorers, policy): (Vec<&Agent>, String) = match &cfg.reference_model_name {
         None => (team.iter().collect(), "the agents as training started".into()),
         Some(source) => {
-            own = load_reference_team(cfg, team, &vec![source.clone(); team.len()], "reference_model_name")?;
+            own = load_reference_team(&cfg.team()?, team, &vec![source.clone(); team.len()], "reference_model_name")?;
             (own.iter().collect(), source.clone())
         }
     };

@@ -340,7 +340,7 @@ fn fresh_rank(
     if k < 2 {
         return Ok(None);
     }
-    let team = load_team(cfg, run_dir)?;
+    let team = load_team(&cfg.team()?, run_dir)?;
     let prompts_of = |item: &TaskItem| team.iter().map(|a| a.prompt_for(item)).collect::<Result<Vec<_>>>();
     let mut items = Vec::new();
     for (_, item) in train_items(&cfg.split())? {
@@ -357,7 +357,7 @@ fn fresh_rank(
         return Ok(None);
     }
     check_fits(&team, &items, &cfg.max_new_tokens(), (k, "reward_fresh_samples"), "train")?;
-    let mut oracle = Oracle::new(cfg)?;
+    let mut oracle = Oracle::new(&cfg.oracle())?;
     let seed =
         |j: usize, a: usize, s: usize| derive_seed(cfg.seed, &[purpose::REWARD_FRESH, j as u64, a as u64, s as u64]);
     let mut groups = Vec::with_capacity(items.len());

@@ -90,7 +90,7 @@ impl Setup {
         if items.is_empty() {
             bail!("no train items to learn from");
         }
-        let team = load_training_team(cfg, run_dir)?;
+        let team = load_training_team(&cfg.team()?, run_dir)?;
         let rows = shape.items_per_buffer.saturating_mul(cfg.num_generations as usize);
         check_fits(&team, &items, &cfg.max_new_tokens(), (rows, shape.buffer_keys), "train")?;
         for agent in &team {
@@ -235,5 +235,5 @@ pub(super) fn reference_kls(agent: &Agent, reference: &Agent, out: &Rollout) -> 
 /// the reference's MARLHF starts from it. Not the team in `agents/`: a resumed or extended run
 /// has overwritten that with its own agents.
 pub(super) fn reference_team(cfg: &Config, team: &[Agent]) -> Result<Vec<Agent>> {
-    load_reference_team(cfg, team, &cfg.agent_sources()?, "reference model")
+    load_reference_team(&cfg.team()?, team, &cfg.agent_sources()?, "reference model")
 }
