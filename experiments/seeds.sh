@@ -15,7 +15,7 @@ scripts/fetch-model.sh
 cargo build --release --quiet
 # The binary copied, so that a tree changing under a long experiment does not change it.
 cmp -s target/release/pbrl "$DIR/pbrl" || cp target/release/pbrl "$DIR/pbrl"
-export PBRL_BIN=$PWD/$DIR/pbrl PBRL_THREADS=1
+export PBRL_BIN="$(cd "$DIR" && pwd)/pbrl" PBRL_THREADS=1
 running=0
 for seed in $SEEDS; do
   [ -f "$DIR/seed$seed/logs/done" ] && continue
