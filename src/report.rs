@@ -32,11 +32,15 @@ pub fn log_round_metrics(run_dir: &RunDir, s: &RoundSummary, total_pairs: usize)
 /// The evaluations of `rounds` (round 0: the base team) as mean ± s.e. over the eval prompts,
 /// titled with the slope over the rounds of the last one's trend.
 pub fn write_rounds_plot(run_dir: &RunDir, rounds: &[RoundSummary]) -> Result<()> {
-    let evaluated: Vec<&RoundSummary> = rounds.iter().filter(|r| r.eval_reward_mean.is_some()).collect();
+    // (round, mean, s.e.) of every evaluated round
+    let evaluated: Vec<(f64, f64, f64)> = rounds
+        .iter()
+        .filter_map(|r| r.eval_reward_mean.map(|m| (r.round as f64, m, r.eval_reward_stderr.unwrap_or(0.0))))
+        .collect();
     let series = Series {
         name: "eval reward".into(),
-        points: evaluated.iter().map(|r| (r.round as f64, r.eval_reward_mean.unwrap_or(f64::NAN))).collect(),
-        band: Some(evaluated.iter().map(|r| r.eval_reward_stderr.unwrap_or(0.0)).collect()),
+        points: evaluated.iter().map(|&(x, m, _)| (x, m)).collect(),
+        band: Some(evaluated.iter().map(|&(_, _, se)| se).collect()),
     };
     let panel = Panel { title: "eval reward (mean; band: ± s.e. over prompts)".into(), series: vec![series] };
     let title = match rounds.last().and_then(|r| r.trend.as_ref()) {

@@ -235,5 +235,6 @@ pub(super) fn reference_kls(agent: &Agent, reference: &Agent, out: &Rollout) -> 
 /// the reference's MARLHF starts from it. Not the team in `agents/`: a resumed or extended run
 /// has overwritten that with its own agents.
 pub(super) fn reference_team(cfg: &Config, team: &[Agent]) -> Result<Vec<Agent>> {
-    load_reference_team(&cfg.team()?, team, &cfg.agent_sources()?, "reference model")
+    let config = cfg.team()?;
+    load_reference_team(&config, team, &config.sources, "reference model")
 }
