@@ -92,6 +92,13 @@ pub struct TeamConfig {
     pub frozen_dtype: Option<BaseDType>,
 }
 
+impl EvalConfig {
+    /// Each actor's `max_new_tokens`.
+    pub fn max_new_tokens(&self) -> Vec<usize> {
+        self.sampling.iter().map(|s| s.max_new_tokens).collect()
+    }
+}
+
 impl Config {
     /// The team's settings; the sources and devices resolved (an error names the key).
     pub fn team(&self) -> Result<TeamConfig, ConfigError> {

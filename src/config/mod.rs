@@ -7,7 +7,7 @@
 //! `mod.rs` is the file format (one flat serde struct, so unknown keys keep failing), with its
 //! `[task]` and `[reward]` tables in `tables.rs` and its defaults in `defaults.rs`;
 //! `modes.rs` the modes keys select, as types; `values.rs` the values a key may take in more than one form; `views.rs` the typed views
-//! stages take; `rules.rs` the reference-order validation (`iterative_rules.rs` the iterate
+//! stages take; `components.rs` and `trainers.rs` the typed configs components take; `rules.rs` the reference-order validation (`iterative_rules.rs` the iterate
 //! keys'); `overrides.rs` the command line's
 //! `KEY=VALUE` and the one-line error messages.
 use std::path::{Path, PathBuf};
@@ -24,6 +24,7 @@ mod rules;
 mod tables;
 #[cfg(test)]
 mod tests;
+mod trainers;
 mod values;
 mod views;
 
@@ -34,6 +35,10 @@ pub use modes::{
 };
 pub use overrides::{closest, Override};
 pub use tables::{AgentLora, BaseDType, ComputeDType, Modules, RewardConfig, TaskConfig, LORA_PROJECTIONS};
+pub use trainers::{
+    ApiConfig, CollectConfig, ComparatorConfig, CompareConfig, CriticConfig, EvaluationConfig, FingerprintConfig,
+    MadpoConfig, MarlhfConfig, ReplayConfig, RewardFitConfig, RoundTraining, TrainingConfig,
+};
 pub use values::{DeviceSpec, EvalSplit, PerActor, TokenLimit};
 
 /// The pooled reward head's hidden layer width when `reward_head_hidden` is not set.
@@ -457,9 +462,13 @@ impl Config {
             .map_err(|e| describe_de_error(&e, text, origin, overrides))?;
         cfg.iterative = iterative;
         cfg.normalize_and_validate().and_then(|()| Modes::of(&cfg)).map(|modes| cfg.modes = modes).map_err(|e| {
-            // Blame the command line when the message is about a key an override set.
-            let from =
-                overrides.iter().find(|o| e.0.contains(&o.key) || e.0.contains(o.key.rsplit('.').next().unwrap_or("")));
+            // Blame the command line when the message is about a key an override set: the key
+            // the message names first is its subject (others may be named as allowed values).
+            let named_at = |o: &&Override| {
+                let leaf = o.key.rsplit('.').next().unwrap_or("");
+                e.0.find(&o.key).or_else(|| e.0.find(leaf).filter(|_| !leaf.is_empty()))
+            };
+            let from = overrides.iter().filter(|o| named_at(o).is_some()).min_by_key(|o| named_at(o));
             match from {
                 Some(o) => ConfigError(format!("command-line override `{}={}`: {}", o.key, o.value, e.0)),
                 None => ConfigError(format!("{origin}: {}", e.0)),

@@ -182,6 +182,9 @@ fn non_finite_values_and_override_mistakes_name_their_place() {
     assert!(m.starts_with("command-line override `temperature=inf`"), "{m}");
     let m = message("", &["dpo_beta=-1.0"]);
     assert!(m.starts_with("command-line override `dpo_beta=-1.0`: dpo_beta must be > 0"), "{m}");
+    // The override the message is about, not one whose key it names as a value.
+    let m = message("", &["task.eval_file=\"e.jsonl\"", "eval_split=0"]);
+    assert!(m.starts_with("command-line override `eval_split=0`"), "{m}");
     let m = message("", &["num_agents=\"two\""]);
     assert!(m.starts_with("command-line override `num_agents=\"two\"`"), "{m}");
 }

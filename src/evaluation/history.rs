@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::{eval_items, evaluate, Evaluation};
 use crate::algo::trend::{paired_gain, MeanSe};
-use crate::config::Config;
+use crate::config::EvaluationConfig;
 use crate::oracle::Oracle;
 use crate::run::iterate_log::RoundEval;
 use crate::run::{atomic_create, atomic_write, RunDir};
@@ -42,12 +42,12 @@ impl RunEvaluation {
 /// Evaluate a team of the run directory (`members`) on the eval items, and record it there: the
 /// report `eval/eval-<UTC time>.json` (every joint response), a metrics line, and the plot of
 /// the run directory's evaluations so far (`eval/eval_reward.svg`).
-pub fn evaluate_run(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result<RunEvaluation> {
-    let items = eval_items(&cfg.split())?.context("eval_num_samples is 0: nothing to evaluate")?;
-    let mut oracle = Oracle::new(&cfg.oracle())?;
-    let team = load_members(&cfg.team()?, run_dir, members)?;
+pub fn evaluate_run(cfg: &EvaluationConfig, run_dir: &RunDir, members: &Members) -> Result<RunEvaluation> {
+    let items = eval_items(&cfg.split)?.context("eval_num_samples is 0: nothing to evaluate")?;
+    let mut oracle = Oracle::new(&cfg.oracle)?;
+    let team = load_members(&cfg.team, run_dir, members)?;
     let started = std::time::Instant::now();
-    let evaluation = evaluate(&cfg.eval(), &team, &items, &mut oracle, cfg.seed)?;
+    let evaluation = evaluate(&cfg.eval, &team, &items, &mut oracle, cfg.seed)?;
     let team_label = match members {
         Members::Base => "base".to_string(),
         Members::Current if run_dir.agents().is_dir() => "agents".to_string(),
@@ -55,15 +55,15 @@ pub fn evaluate_run(cfg: &Config, run_dir: &RunDir, members: &Members) -> Result
         Members::Saved(dir) => dir.display().to_string(),
     };
     let report = json!({"metrics": evaluation.metrics(), "team": team_label,
-        "samples_per_item": cfg.eval_samples_per_item, "items": evaluation.records});
+        "samples_per_item": cfg.eval.samples_per_item, "items": evaluation.records});
     let stem = chrono::Utc::now().format("eval-%Y%m%dT%H%M%SZ").to_string();
     let path = write_new_report(&run_dir.eval(), &stem, serde_json::to_string_pretty(&report)?.as_bytes())?;
     run_dir.log_metrics(&evaluation.with_metrics(json!({
         "stage": "eval", "time": chrono::Utc::now().to_rfc3339(), "num_items": items.len(),
-        "samples_per_item": cfg.eval_samples_per_item,
+        "samples_per_item": cfg.eval.samples_per_item,
         "tokens_per_s": evaluation.tokens as f64 / started.elapsed().as_secs_f64(),
     })))?;
-    let item_means = evaluation.item_means(cfg.eval_samples_per_item as usize);
+    let item_means = evaluation.item_means(cfg.eval.samples_per_item);
     let history = EvalHistory::read(&run_dir.eval())?;
     atomic_write(&run_dir.eval_plot(), history.svg(&run_dir.root).as_bytes())?;
     Ok(RunEvaluation { evaluation, item_means, path, history })
@@ -87,8 +87,8 @@ fn write_new_report(dir: &std::path::Path, stem: &str, bytes: &[u8]) -> Result<s
 }
 
 /// The current team's evaluation after an iterate round, when there are eval items.
-pub fn evaluate_round(cfg: &Config, run_dir: &RunDir) -> Result<Option<RoundEval>> {
-    if cfg.eval_num_samples == 0 || cfg.task.eval_file.is_none() {
+pub fn evaluate_round(cfg: &EvaluationConfig, run_dir: &RunDir) -> Result<Option<RoundEval>> {
+    if cfg.split.eval_num_samples == 0 || cfg.split.eval_file.is_none() {
         return Ok(None);
     }
     let t = std::time::Instant::now();

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::json;
 
 use crate::algo::trend::{item_means, MeanSe};
-use crate::config::{Config, EvalConfig, EvalSplit, SplitConfig};
+use crate::config::{EvalConfig, EvalSplit, EvaluationConfig, SplitConfig};
 use crate::oracle::Oracle;
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
@@ -130,8 +130,7 @@ pub fn evaluate(
     oracle: &mut Oracle,
     stream: u64,
 ) -> Result<Evaluation> {
-    let max_new_tokens: Vec<usize> = cfg.sampling.iter().map(|s| s.max_new_tokens).collect();
-    check_fits(team, items, &max_new_tokens, cfg.rows, "eval")?;
+    check_fits(team, items, &cfg.max_new_tokens(), cfg.rows, "eval")?;
     let params = &cfg.sampling;
     let k = cfg.samples_per_item;
     let centralized = cfg.centralized;
@@ -190,13 +189,13 @@ pub struct PeriodicEval {
 
 /// The periodic evaluation of `team` in a training on `rounds` (`None` without eval items),
 /// checked to fit the team's context and memory before any training.
-pub fn periodic_eval(cfg: &Config, team: &[Agent], rounds: &[u32]) -> Result<Option<PeriodicEval>> {
-    let Some(items) = periodic_eval_items(&cfg.split())? else { return Ok(None) };
-    check_fits(team, &items, &cfg.max_new_tokens(), cfg.eval_rows(), "eval")?;
+pub fn periodic_eval(cfg: &EvaluationConfig, team: &[Agent], rounds: &[u32]) -> Result<Option<PeriodicEval>> {
+    let Some(items) = periodic_eval_items(&cfg.split)? else { return Ok(None) };
+    check_fits(team, &items, &cfg.eval.max_new_tokens(), cfg.eval.rows, "eval")?;
     Ok(Some(PeriodicEval {
         items,
-        oracle: Oracle::new(&cfg.oracle())?,
-        config: cfg.eval(),
+        oracle: Oracle::new(&cfg.oracle)?,
+        config: cfg.eval.clone(),
         stream: periodic_eval_stream(cfg.seed, rounds),
     }))
 }
@@ -237,6 +236,7 @@ fn stderr_over_items(rewards: &[f64], k: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     #[test]
     fn stderr_averages_each_items_samples_first() {

@@ -20,6 +20,7 @@ use rand_chacha::ChaCha8Rng;
 use super::{existing_rounds, round_path, PreferencePair, RoundFile};
 use crate::rng::{derive_seed, purpose};
 
+use crate::config::ReplayConfig;
 pub use crate::config::ReplayMode;
 
 /// Round weights for `lambda_decay`, oldest → newest (they sum to 1).
@@ -141,12 +142,8 @@ pub fn draw<T: Clone>(
 /// The pairs a training phase uses: the replay selection over the non-empty rounds.
 /// `seed` is the run's; `size` is `preference_replay_sample_size`. Returns the pairs and the
 /// round numbers they came from.
-pub fn training_pairs(
-    dir: &Path,
-    seed: u64,
-    mode: ReplayMode,
-    size: Option<usize>,
-) -> Result<(Vec<PreferencePair>, Vec<u32>)> {
+pub fn training_pairs(dir: &Path, replay: &ReplayConfig) -> Result<(Vec<PreferencePair>, Vec<u32>)> {
+    let (seed, mode, size) = (replay.seed, replay.mode, replay.sample_size);
     let numbers = existing_rounds(dir)?;
     if numbers.is_empty() {
         bail!("no preference rounds in {}; run `pbrl collect` first", dir.display());

@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use super::{build_round, RoundSpec, Scorer};
 use crate::algo::trend::mean;
-use crate::config::Config;
+use crate::config::CompareConfig;
 use crate::device::parse_device;
 use crate::oracle::Oracle;
 use crate::prefs::{round_path, PreferencePair, RoundFile};
@@ -20,34 +20,43 @@ use crate::task::TaskItem;
 use crate::team::{check_fits, load_team};
 
 /// Round `round`'s comparisons over `items` (the round's train items), written as its round file.
-pub fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize, TaskItem)]) -> Result<RoundStats> {
-    let team = load_team(&cfg.team()?, run_dir)?;
-    let n_cur = cfg.preference_num_candidates as usize;
-    let n_cmp = cfg.comparator_num_candidates.map_or(n_cur, |n| n as usize);
-    let spec = RoundSpec::of_config(cfg, round, n_cmp);
-    let comparator = comparator::build(cfg, run_dir, round, &team)?;
+pub fn compare_round(
+    cfg: &CompareConfig,
+    run_dir: &RunDir,
+    round: u32,
+    items: &[(usize, TaskItem)],
+) -> Result<RoundStats> {
+    let team = load_team(&cfg.team, run_dir)?;
+    let (n_cur, n_cmp) = (cfg.collect.candidates, cfg.collect.comparator_candidates);
+    let spec = RoundSpec::of(&cfg.collect, round, n_cmp);
+    let comparator = comparator::build(&cfg.comparator, run_dir, round, &team)?;
     // The team as its own comparator samples both sides' rows in one call.
     let rows = match comparator {
         Comparator::Team => (n_cur.saturating_add(n_cmp), "collect_batch_size × (both sides' candidates)"),
         Comparator::Source(_) => (n_cur.max(n_cmp), "collect_batch_size × candidates"),
     };
     let item_list: Vec<TaskItem> = items.iter().map(|(_, it)| it.clone()).collect();
-    check_fits(&team, &item_list, &cfg.max_new_tokens(), (spec.batch_items.saturating_mul(rows.0), rows.1), "train")?;
+    check_fits(
+        &team,
+        &item_list,
+        &cfg.collect.max_new_tokens,
+        (spec.batch_items.saturating_mul(rows.0), rows.1),
+        "train",
+    )?;
     // MARLHF with preference_scoring_reward = "reward_model": the newest fitted reward model (the
     // previous round's) scores both sides, raw and processed alike (reference §5.2).
     let rm_dir = run_dir.reward_model();
-    let mut scorer = if cfg.modes.score_with_reward_model && JointRewardModel::exists(&rm_dir) {
-        let (_, device) = cfg.reward_model_source()?;
+    let mut scorer = if cfg.score_with_reward_model && JointRewardModel::exists(&rm_dir) {
         Scorer::RewardModel(Box::new(JointRewardModel::load(
             &rm_dir,
-            &parse_device(&device, "reward_model_device")?,
+            &parse_device(&cfg.reward_model_device, "reward_model_device")?,
             crate::team::frozen_storage(cfg.frozen_dtype),
         )?))
     } else {
-        Scorer::Oracle(Oracle::new(&cfg.oracle())?)
+        Scorer::Oracle(Oracle::new(&cfg.oracle)?)
     };
     let bar = progress::bar(items.len() as u64, "iterate: compare");
-    let source = TeamSource::new(Agents::Borrowed(&team), cfg.sampling());
+    let source = TeamSource::new(Agents::Borrowed(&team), cfg.collect.sampling.clone());
     let mut built = build_round(&spec, items, &source, Some(&comparator), &mut scorer, &bar)?;
     bar.finish_and_clear();
     let stats = RoundStats {
@@ -75,7 +84,7 @@ pub fn compare_round(cfg: &Config, run_dir: &RunDir, round: u32, items: &[(usize
     }
     RoundFile::new(round, std::mem::take(&mut built.pairs)).save_new(&round_path(run_dir.replay(), round))?;
     // Every round: both sides' histograms over `reward_range`, else over the round's own range.
-    built.write_histograms(run_dir, round, cfg.reward_range.map(|[lo, hi]| (lo, hi)))?;
+    built.write_histograms(run_dir, round, cfg.collect.reward_range)?;
     Ok(stats)
 }
 

@@ -21,7 +21,7 @@ use indicatif::ProgressBar;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::config::Config;
+use crate::config::CollectConfig;
 use crate::oracle::{Oracle, Scores};
 use crate::prefs::distribution::{comparison_record, distribution_record, histogram, svg};
 use crate::prefs::selection::{select_comparison_pairs, select_pairs, PairSelection, Winner};
@@ -85,15 +85,15 @@ pub struct RoundSpec {
 impl RoundSpec {
     /// Round `round` as the config sets it, with `comparator_candidates` joint responses per
     /// item from the comparator (0 without one).
-    pub fn of_config(cfg: &Config, round: u32, comparator_candidates: usize) -> Self {
+    pub fn of(cfg: &CollectConfig, round: u32, comparator_candidates: usize) -> Self {
         Self {
             round,
             seed: cfg.seed,
-            candidates: cfg.preference_num_candidates as usize,
+            candidates: cfg.candidates,
             comparator_candidates,
-            batch_items: cfg.collect_batch_size as usize,
-            selection: cfg.modes.selection,
-            pairs_per_sample: cfg.preference_pairs_per_sample.map(|k| k as usize),
+            batch_items: cfg.batch_items,
+            selection: cfg.selection,
+            pairs_per_sample: cfg.pairs_per_sample,
         }
     }
 }

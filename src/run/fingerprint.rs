@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::config::Config;
+use crate::config::FingerprintConfig;
 
 /// Keys that cannot change the trained weights or the exported files: where things go, what
 /// is logged or evaluated, how often checkpoints are written, and the epochs (`num_train_epochs`,
@@ -112,13 +112,12 @@ pub fn source_digest(source: &str) -> Result<String> {
 
 impl Fingerprint {
     /// The fingerprint of a training phase: the config, the round files, the actors' sources.
-    pub fn of_training(cfg: &Config, rounds: &[(u32, &Path)], sources: &[String]) -> Result<Self> {
+    pub fn of_training(cfg: &FingerprintConfig, rounds: &[(u32, &Path)], sources: &[String]) -> Result<Self> {
         let mut m = BTreeMap::new();
-        let table = toml::Value::try_from(cfg).context("fingerprinting the config")?;
-        flatten("", &table, &mut m);
+        flatten("", &cfg.table, &mut m);
         let kept = |k: &str| cfg.keep_best && KEEP_BEST_KEYS.contains(&k);
         m.retain(|k, _| !NOT_IN_FINGERPRINT.contains(&k.as_str()) || kept(k));
-        if let Some(r) = cfg.reference_model_name.as_ref().filter(|_| cfg.madpo_reference || cfg.madpo_log_kl) {
+        if let Some(r) = &cfg.reference {
             m.insert("reference model".into(), source_digest(r)?);
         }
         for (n, path) in rounds {
@@ -158,6 +157,7 @@ impl Fingerprint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     #[test]
     fn changed_result_fields_are_listed_and_bookkeeping_is_not() {
@@ -167,8 +167,8 @@ mod tests {
         b.dpo_beta = 0.2;
         b.eval_interval = 3;
         b.num_train_epochs = 7;
-        let fa = Fingerprint::of_training(&a, &[], &[]).unwrap();
-        let fb = Fingerprint::of_training(&b, &[], &[]).unwrap();
+        let fa = Fingerprint::of_training(&a.fingerprinted().unwrap(), &[], &[]).unwrap();
+        let fb = Fingerprint::of_training(&b.fingerprinted().unwrap(), &[], &[]).unwrap();
         let d = fa.differences(&fb);
         assert_eq!(d.len(), 2, "{d:?}");
         assert!(
@@ -180,13 +180,13 @@ mod tests {
         // With keep_best the evaluation schedule decides which agents are saved.
         let (mut c, mut d) = (a.clone(), b.clone());
         (c.keep_best, d.keep_best) = (true, true);
-        let fc = Fingerprint::of_training(&c, &[], &[]).unwrap();
-        let fd = Fingerprint::of_training(&d, &[], &[]).unwrap();
+        let fc = Fingerprint::of_training(&c.fingerprinted().unwrap(), &[], &[]).unwrap();
+        let fd = Fingerprint::of_training(&d.fingerprinted().unwrap(), &[], &[]).unwrap();
         assert!(fc.differences(&fd).iter().any(|l| l.starts_with("eval_interval")), "{:?}", fc.differences(&fd));
         // Retry settings may change on a resume, also against a fingerprint written when they counted.
         let mut e = a.clone();
         (e.comparator_api_timeout, e.comparator_api_max_attempts) = (600.0, 20);
-        let fe = Fingerprint::of_training(&e, &[], &[]).unwrap();
+        let fe = Fingerprint::of_training(&e.fingerprinted().unwrap(), &[], &[]).unwrap();
         assert!(fa.differences(&fe).is_empty(), "{:?}", fa.differences(&fe));
         let mut old = fa.clone();
         old.0.insert("comparator_api_timeout".into(), "120.0".into());

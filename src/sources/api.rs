@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 
 use super::http::{ApiClient, ApiKey, ApiSettings, RequestSampling, RetryPolicy};
 use super::{render_roles, JointResponses, ResponseSource};
-use crate::config::Config;
+use crate::config::ApiConfig;
 use crate::task::TaskItem;
 use crate::team::Agent;
 
@@ -21,16 +21,17 @@ pub struct ApiSource<'a> {
 }
 
 impl<'a> ApiSource<'a> {
-    pub fn new(cfg: &Config, team: &'a [Agent]) -> Result<Self> {
-        let sampling = (0..team.len())
-            .map(|a| RequestSampling {
-                max_new_tokens: cfg.max_new_tokens()[a],
-                temperature: cfg.temperature,
-                top_p: cfg.top_p,
-                top_k: cfg.top_k.map(|k| k as usize),
+    pub fn new(cfg: &ApiConfig, team: &'a [Agent]) -> Result<Self> {
+        let sampling = cfg.sampling[..team.len()]
+            .iter()
+            .map(|s| RequestSampling {
+                max_new_tokens: s.max_new_tokens,
+                temperature: s.temperature,
+                top_p: s.top_p,
+                top_k: s.top_k,
             })
             .collect();
-        Ok(Self { client: ApiClient::new(settings(cfg)?), team, templates: cfg.role_templates(), sampling })
+        Ok(Self { client: ApiClient::new(settings(cfg)?), team, templates: cfg.role_templates.clone(), sampling })
     }
 
     /// `n` answers to `prompt` in actor `actor`'s place, cut at its `max_new_tokens`
@@ -90,8 +91,8 @@ impl ResponseSource for ApiSource<'_> {
 
 /// The endpoint's settings; the key from `comparator_api_key_env` (or the discouraged
 /// `comparator_api_key`), never shown.
-pub fn settings(cfg: &Config) -> Result<ApiSettings> {
-    let key = match (&cfg.comparator_api_key, &cfg.comparator_api_key_env) {
+pub fn settings(cfg: &ApiConfig) -> Result<ApiSettings> {
+    let key = match (&cfg.inline_key, &cfg.key_env) {
         (Some(k), _) => {
             tracing::warn!("comparator_api_key is set in the config; prefer comparator_api_key_env");
             ApiKey::new(k.clone())
@@ -103,23 +104,19 @@ pub fn settings(cfg: &Config) -> Result<ApiSettings> {
         }
         (None, None) => None,
     };
-    let extra_body = match &cfg.comparator_api_extra_body {
-        Some(t) => Some(serde_json::to_value(t)?.as_object().cloned().unwrap_or_default()),
-        None => None,
-    };
     Ok(ApiSettings {
-        url: cfg.comparator_api_url.clone().context("comparator_policy = \"api\" needs comparator_api_url")?,
-        format: cfg.modes.api_format,
-        model: cfg.comparator_api_model.clone(),
-        max_n_per_request: cfg.comparator_api_max_n_per_request.map(|n| n as usize),
+        url: cfg.url.clone().context("comparator_policy = \"api\" needs comparator_api_url")?,
+        format: cfg.format,
+        model: cfg.model.clone(),
+        max_n_per_request: cfg.max_n_per_request,
         // Validated: positive, at most a week.
-        timeout: std::time::Duration::from_secs_f64(cfg.comparator_api_timeout),
-        headers: cfg.comparator_api_headers.clone().unwrap_or_default().into_iter().collect(),
+        timeout: std::time::Duration::from_secs_f64(cfg.timeout_s),
+        headers: cfg.headers.clone(),
         key,
-        key_header: cfg.comparator_api_key_header.clone(),
-        key_prefix: cfg.comparator_api_key_prefix.clone(),
-        response_field: cfg.comparator_api_response_field.clone(),
-        extra_body,
-        retry: RetryPolicy { max_attempts: cfg.comparator_api_max_attempts as u32, ..RetryPolicy::default() },
+        key_header: cfg.key_header.clone(),
+        key_prefix: cfg.key_prefix.clone(),
+        response_field: cfg.response_field.clone(),
+        extra_body: cfg.extra_body.clone(),
+        retry: RetryPolicy { max_attempts: cfg.max_attempts, ..RetryPolicy::default() },
     })
 }

@@ -13,7 +13,7 @@ use anyhow::Result;
 
 use super::api::ApiSource;
 use super::{Agents, Centralized, ResponseSource, TeamSource, Writer};
-use crate::config::{ComparatorPolicy, Config, DeviceSpec};
+use crate::config::{ComparatorConfig, ComparatorPolicy};
 use crate::run::team::{saved_team, MANIFEST};
 use crate::run::RunDir;
 use crate::team::{frozen_storage, load_as, Agent};
@@ -30,22 +30,17 @@ pub enum Comparator<'a> {
 }
 
 /// The comparator of round `round` of a team.
-pub fn build<'a>(cfg: &Config, run_dir: &RunDir, round: u32, team: &'a [Agent]) -> Result<Comparator<'a>> {
-    let devices = match &cfg.comparator_devices {
-        Some(spec) => DeviceSpec::resolve(Some(spec), team.len(), "comparator_devices")?,
-        None => DeviceSpec::resolve(cfg.agent_devices.as_ref(), team.len(), "agent_devices")?,
-    };
+pub fn build<'a>(cfg: &ComparatorConfig, run_dir: &RunDir, round: u32, team: &'a [Agent]) -> Result<Comparator<'a>> {
     let load = |sources: &[String]| -> Result<Agents<'a>> {
-        Ok(Agents::Owned(load_as(team, sources, &devices, frozen_storage(cfg.frozen_dtype), "comparator")?))
+        Ok(Agents::Owned(load_as(team, sources, &cfg.devices, frozen_storage(cfg.frozen_dtype), "comparator")?))
     };
-    let agent_devices = DeviceSpec::resolve(cfg.agent_devices.as_ref(), team.len(), "agent_devices")?;
-    let agents = match &cfg.modes.comparator {
+    let agents = match &cfg.policy {
         ComparatorPolicy::Current => Agents::Borrowed(team),
-        ComparatorPolicy::CurrentCopy if devices == agent_devices => Agents::Borrowed(team),
+        ComparatorPolicy::CurrentCopy if cfg.devices == cfg.agent_devices => Agents::Borrowed(team),
         ComparatorPolicy::CurrentCopy => {
             let sources = match saved_team(&run_dir.agents(), team.len())? {
                 Some(dirs) => dirs.iter().map(|d| d.display().to_string()).collect(),
-                None => cfg.agent_sources()?,
+                None => cfg.agent_sources.clone(),
             };
             load(&sources)?
         }
@@ -59,26 +54,30 @@ pub fn build<'a>(cfg: &Config, run_dir: &RunDir, round: u32, team: &'a [Agent]) 
                 .find(|d| d.join(MANIFEST).is_file());
             let sources = match snapshot.map(|d| saved_team(&d, team.len())).transpose()?.flatten() {
                 Some(dirs) => dirs.iter().map(|d| d.display().to_string()).collect(),
-                None => cfg.agent_sources()?, // the initial policy: the base models
+                None => cfg.agent_sources.clone(), // the initial policy: the base models
             };
             load(&sources)?
         }
         ComparatorPolicy::Api => {
-            let api = ApiSource::new(cfg, team)?;
-            return Ok(Comparator::Source(match cfg.modes.comparator_writer {
-                Some(index) => {
-                    Box::new(Centralized { writer: Writer::Api(Box::new(api)), index, templates: cfg.role_templates() })
-                }
+            let api = ApiSource::new(&cfg.api, team)?;
+            return Ok(Comparator::Source(match cfg.writer {
+                Some(index) => Box::new(Centralized {
+                    writer: Writer::Api(Box::new(api)),
+                    index,
+                    templates: cfg.role_templates.clone(),
+                }),
                 None => Box::new(api),
             }));
         }
     };
-    if matches!(agents, Agents::Borrowed(_)) && cfg.modes.comparator_writer.is_none() {
+    if matches!(agents, Agents::Borrowed(_)) && cfg.writer.is_none() {
         return Ok(Comparator::Team);
     }
-    let source = TeamSource::new(agents, cfg.sampling());
-    Ok(Comparator::Source(match cfg.modes.comparator_writer {
-        Some(index) => Box::new(Centralized { writer: Writer::Agent(source), index, templates: cfg.role_templates() }),
+    let source = TeamSource::new(agents, cfg.sampling.clone());
+    Ok(Comparator::Source(match cfg.writer {
+        Some(index) => {
+            Box::new(Centralized { writer: Writer::Agent(source), index, templates: cfg.role_templates.clone() })
+        }
         None => Box::new(source),
     }))
 }

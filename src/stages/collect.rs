@@ -37,11 +37,6 @@ pub struct CollectReport {
     pub num_pairs: usize,
 }
 
-/// Sampling requests per collection batch: every candidate of every item in it.
-fn batch_rows(cfg: &Config) -> usize {
-    (cfg.collect_batch_size as usize).saturating_mul(cfg.preference_num_candidates as usize)
-}
-
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<CollectReport> {
     let replay_dir = run_dir.replay().to_path_buf();
     let round = match opts.round {
@@ -53,16 +48,18 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     if path.exists() && !opts.force {
         bail!("{} exists; pass --force to replace it, or --round N for another round", path.display());
     }
-    let spec = RoundSpec::of_config(cfg, round, 0);
+    let collect = cfg.collect();
+    let spec = RoundSpec::of(&collect, round, 0);
     let mut scorer = Scorer::Oracle(Oracle::new(&cfg.oracle())?);
     let team = load_team(&cfg.team()?, run_dir)?;
-    let rows = (batch_rows(cfg), "collect_batch_size × preference_num_candidates");
+    // Sampling requests per collection batch: every candidate of every item in it.
+    let rows = (spec.batch_items.saturating_mul(spec.candidates), "collect_batch_size × preference_num_candidates");
     let items: Vec<(usize, TaskItem)> = train_items(&cfg.split())?;
     let item_list: Vec<TaskItem> = items.iter().map(|(_, it)| it.clone()).collect();
-    check_fits(&team, &item_list, &cfg.max_new_tokens(), rows, "train")?;
+    check_fits(&team, &item_list, &collect.max_new_tokens, rows, "train")?;
 
     let bar = progress::bar(items.len() as u64, "collect");
-    let source = TeamSource::new(Agents::Borrowed(&team), cfg.sampling());
+    let source = TeamSource::new(Agents::Borrowed(&team), collect.sampling.clone());
     let mut built = build_round(&spec, &items, &source, None, &mut scorer, &bar)?;
     bar.finish_and_clear();
     let pairs = std::mem::take(&mut built.pairs);
@@ -77,8 +74,8 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     } else {
         round_file.save_new(&path)?;
     }
-    if cfg.log_reward_distribution {
-        built.write_histograms(run_dir, round, cfg.reward_range.map(|[lo, hi]| (lo, hi)))?;
+    if collect.log_reward_distribution {
+        built.write_histograms(run_dir, round, collect.reward_range)?;
     }
     let (secs, tied_items, generated) = (built.secs, built.tied_items, built.tokens);
     let reward_mean = mean(&built.processed[0]);

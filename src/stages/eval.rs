@@ -21,7 +21,7 @@ use crate::run::RunDir;
 use crate::team::Members;
 
 pub fn run(cfg: &Config, run_dir: &RunDir, members: &Members, full_table: bool) -> Result<RunEvaluation> {
-    let run = evaluate_run(cfg, run_dir, members)?;
+    let run = evaluate_run(&cfg.evaluation()?, run_dir, members)?;
     let records = &run.evaluation.records;
     let (mean, stderr) = (run.mean(), run.evaluation.reward_stderr);
     print_table(records, cfg.eval_samples_per_item as usize, if full_table { records.len() } else { EXAMPLE_ROWS });

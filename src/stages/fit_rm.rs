@@ -8,7 +8,7 @@ use crate::run::RunDir;
 use crate::train::reward_fit::{fit, FitOptions, FitReport};
 
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &FitOptions) -> Result<Option<FitReport>> {
-    let Some(report) = fit(cfg, run_dir, opts)? else {
+    let Some(report) = fit(&cfg.reward_fit()?, run_dir, opts)? else {
         println!("no non-tied preference pairs in the selected rounds; no reward model was fitted");
         return Ok(None);
     };

@@ -51,21 +51,22 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
     if items.is_empty() {
         bail!("no train items to compare on");
     }
-    if cfg.modes.comparator == ComparatorPolicy::Api {
-        crate::sources::api::settings(cfg)?; // the format, the URL, the key's variable
+    let (compare, training, evaluation) = (cfg.compare()?, cfg.round_training()?, cfg.evaluation()?);
+    if compare.comparator.policy == ComparatorPolicy::Api {
+        crate::sources::api::settings(&compare.comparator.api)?; // the format, the URL, the key's variable
     }
     // The setup a resumed run must share: every key but the number of rounds, which may grow.
-    let mut fingerprint = Fingerprint::of_training(cfg, &[], &cfg.agent_sources()?)?;
+    let mut fingerprint = Fingerprint::of_training(&cfg.fingerprinted()?, &[], &compare.team.sources)?;
     fingerprint.0.retain(|k, _| k != "num_iterations");
     let rounds = cfg.num_iterations as u32;
     let mut log = IterateLog::open(run_dir, &fingerprint, opts.resume, rounds)?;
-    let history_k = match cfg.modes.comparator {
+    let history_k = match compare.comparator.policy {
         ComparatorPolicy::History(k) => Some(k as usize),
         _ => None,
     };
     let started = std::time::Instant::now();
     if !log.finished(0) {
-        let eval = evaluate_round(cfg, run_dir)?;
+        let eval = evaluate_round(&evaluation, run_dir)?;
         finish_round(run_dir, &mut log, RoundSummary::new(0, None, 0, eval.as_ref(), RoundTimes::default()))?;
     }
     let mut restored = !opts.resume;
@@ -75,7 +76,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
         }
         // A round cut short starts again from the team the previous round left.
         if !restored {
-            restore_round_input(run_dir, round, cfg.num_actors())?;
+            restore_round_input(run_dir, round, compare.team.num_actors)?;
             restored = true;
         }
         let t = std::time::Instant::now();
@@ -83,14 +84,14 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &IterateOptions) -> Result<()> 
         let path = round_path(run_dir.replay(), round);
         let stats = match path.exists() {
             true => stats_of_file(&RoundFile::load(&path)?, round_items.len()),
-            false => compare_round(cfg, run_dir, round, &round_items)?,
+            false => compare_round(&compare, run_dir, round, &round_items)?,
         };
         let collect_s = t.elapsed().as_secs_f64();
         let t = std::time::Instant::now();
-        let train_pairs = train_round(cfg, run_dir)?;
+        let train_pairs = train_round(&training, run_dir)?;
         let train_s = t.elapsed().as_secs_f64();
-        snapshot_round_team(run_dir, round, cfg.num_actors(), history_k)?;
-        let eval = evaluate_round(cfg, run_dir)?;
+        snapshot_round_team(run_dir, round, compare.team.num_actors, history_k)?;
+        let eval = evaluate_round(&evaluation, run_dir)?;
         let times = RoundTimes { collect_s, train_s };
         let summary = RoundSummary::new(round, Some(&stats), train_pairs, eval.as_ref(), times);
         let summary = finish_round(run_dir, &mut log, summary)?;

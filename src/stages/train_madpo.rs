@@ -8,7 +8,7 @@ use crate::run::RunDir;
 use crate::train::madpo::{train, TrainOptions, TrainReport};
 
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<Option<TrainReport>> {
-    let Some(report) = train(cfg, run_dir, opts)? else {
+    let Some(report) = train(&cfg.madpo()?, run_dir, opts)? else {
         println!("no non-tied preference pairs in the selected rounds; the agents are unchanged");
         return Ok(None);
     };

@@ -8,7 +8,7 @@ use crate::run::RunDir;
 use crate::train::marlhf::{train, TrainOptions, TrainReport};
 
 pub fn run(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainReport> {
-    let report = train(cfg, run_dir, opts)?;
+    let report = train(&cfg.marlhf()?, run_dir, opts)?;
     println!("{}", report.describe());
     Ok(report)
 }

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::algo::madpo::{accuracy, joint_margins, other_margins};
-use crate::config::Config;
+use crate::config::MadpoConfig;
 use crate::prefs::replay::training_pairs;
 use crate::prefs::{check_actors, round_path, PreferencePair};
 use crate::run::fingerprint::Fingerprint;
@@ -104,30 +104,30 @@ fn check_pairs_fit(
 
 /// Train the team on the replay selection and save it in `agents/`; `None` when the selected
 /// rounds hold no pairs (the agents are unchanged).
-pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<Option<TrainReport>> {
-    let (pairs, rounds) = training_pairs(run_dir.replay(), cfg.seed, cfg.replay_mode(), cfg.replay_sample_size())?;
+pub fn train(cfg: &MadpoConfig, run_dir: &RunDir, opts: &TrainOptions) -> Result<Option<TrainReport>> {
+    let (pairs, rounds) = training_pairs(run_dir.replay(), &cfg.replay)?;
     if pairs.is_empty() {
         return Ok(None);
     }
-    let n = cfg.num_actors();
-    check_actors(&pairs, n, &cfg.team_setup())?;
-    let team = load_training_team(&cfg.team()?, run_dir)?;
-    let last = scorer(cfg.modes.centralized, cfg.score_last_token);
-    let max_new = cfg.max_new_tokens();
-    check_pairs_fit(&team, &pairs, &max_new, last, cfg.pairs_per_update())?;
+    let n = cfg.team.num_actors;
+    check_actors(&pairs, n, &cfg.team_setup)?;
+    let team = load_training_team(&cfg.team, run_dir)?;
+    let last = scorer(cfg.team.centralized, cfg.score_last_token);
+    let max_new = &cfg.max_new_tokens;
+    check_pairs_fit(&team, &pairs, max_new, last, cfg.pairs_per_update)?;
     let dir = run_dir.replay().to_path_buf();
     let files: Vec<(u32, PathBuf)> = rounds.iter().map(|&r| (r, round_path(&dir, r))).collect();
     let files: Vec<(u32, &Path)> = files.iter().map(|(r, p)| (*r, p.as_path())).collect();
     let data = TrainingData { rounds: &files, num_examples: pairs.len() };
     // The configured sources, not the team as loaded: resuming restores every weight from the
     // checkpoint, and a run that finished has replaced the team it started from.
-    let setup = SessionSetup::of(cfg, data.rounds, &cfg.agent_sources()?, Some(&team))?;
-    let mut session = Session::open(setup, run_dir, "train-madpo", &team, data, cfg.agent_learning_rate, opts.resume)?;
+    let setup = SessionSetup::of(&cfg.training, data.rounds, &cfg.team.sources, Some(&team))?;
+    let mut session = Session::open(setup, run_dir, "train-madpo", &team, data, cfg.learning_rate, opts.resume)?;
     let models = session.models();
     // The reference log-probs, [actor][pair]: computed before the first update of a fresh run,
     // so "the agents as training starts" are the weights just loaded; read back on --resume,
     // since the session has restored later weights by now.
-    let reference = if cfg.madpo_reference || cfg.madpo_log_kl {
+    let reference = if cfg.anchored || cfg.log_kl {
         let rows = |a: &Agent, batch: &[&PreferencePair]| {
             agent_rows(&a.model.tokenizer, a.index, batch, max_new[a.index], last)
         };
@@ -137,7 +137,7 @@ pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<Opti
     };
     let started = std::time::Instant::now();
 
-    session.run(pairs.len(), cfg.pairs_per_update(), |step, chunk, metrics| {
+    session.run(pairs.len(), cfg.pairs_per_update, |step, chunk, metrics| {
         let batch: Vec<&PreferencePair> = chunk.iter().map(|&i| &pairs[i]).collect();
         let rows = team
             .iter()
@@ -163,8 +163,8 @@ pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<Opti
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let r = batch_reference.as_ref().filter(|_| cfg.madpo_reference).map(|r| r[i].as_slice());
-                margins(s, r, cfg.madpo_length_normalize)
+                let r = batch_reference.as_ref().filter(|_| cfg.anchored).map(|r| r[i].as_slice());
+                margins(s, r, cfg.length_normalize)
             })
             .collect::<Result<Vec<_>>>()?;
         drop(scores);
@@ -172,7 +172,7 @@ pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<Opti
         let others = other_margins(&fixed);
         let mut losses = Vec::with_capacity(n);
         for (i, margins) in margins.into_iter().enumerate() {
-            let loss = agent_objective(&margins, &others[i], cfg.dpo_beta)?;
+            let loss = agent_objective(&margins, &others[i], cfg.beta)?;
             if let Some((value, grad_norm)) = step.apply(i, loss, || drop(margins))? {
                 metrics[format!("madpo/grad_norm/agent_{i}")] = json!(grad_norm);
                 losses.push(value);
@@ -244,7 +244,7 @@ type RowsOf<'a> = dyn Fn(&Agent, &[&PreferencePair]) -> Result<Vec<ScoreRow>> + 
 
 #[allow(clippy::too_many_arguments)]
 fn reference_log_probs(
-    cfg: &Config,
+    cfg: &MadpoConfig,
     run_dir: &RunDir,
     team: &[Agent],
     pairs: &[PreferencePair],
@@ -272,10 +272,10 @@ fn reference_log_probs(
     }
     let started = std::time::Instant::now();
     let own;
-    let (scorers, policy): (Vec<&Agent>, String) = match &cfg.reference_model_name {
+    let (scorers, policy): (Vec<&Agent>, String) = match &cfg.reference_model {
         None => (team.iter().collect(), "the agents as training started".into()),
         Some(source) => {
-            own = load_reference_team(&cfg.team()?, team, &vec![source.clone(); team.len()], "reference_model_name")?;
+            own = load_reference_team(&cfg.team, team, &vec![source.clone(); team.len()], "reference_model_name")?;
             (own.iter().collect(), source.clone())
         }
     };
@@ -286,7 +286,7 @@ fn reference_log_probs(
         for (i, (agent, scorer)) in team.iter().zip(&scorers).enumerate() {
             let r = rows(agent, &batch)?;
             // Another model must read the pairs as the agent does (same token ids).
-            if cfg.reference_model_name.is_some()
+            if cfg.reference_model.is_some()
                 && rows(scorer, &batch)?
                     .iter()
                     .zip(&r)

@@ -33,6 +33,7 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 
 use crate::algo::bradley_terry::{bradley_terry_loss, pair_stats, within_prompt_order, PairStats};
+use crate::config::RewardFitConfig;
 use crate::device::{ensure_fits, parse_device, sum_of_largest};
 use crate::oracle::Oracle;
 use crate::prefs::replay::training_pairs;
@@ -143,27 +144,26 @@ fn check_batch_fits(rm: &JointRewardModel, train: &[EncodedPair], batch_size: us
 
 /// Fit a fresh reward model to the replay selection and save it in `reward_model/`; `None` when
 /// the selected rounds hold no pairs (nothing is fitted).
-pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> Result<Option<FitReport>> {
-    let (pairs, rounds) = training_pairs(run_dir.replay(), cfg.seed, cfg.replay_mode(), cfg.replay_sample_size())?;
+pub fn fit(cfg: &RewardFitConfig, run_dir: &RunDir, opts: &FitOptions) -> Result<Option<FitReport>> {
+    let (pairs, rounds) = training_pairs(run_dir.replay(), &cfg.replay)?;
     if pairs.is_empty() {
         return Ok(None);
     }
-    check_actors(&pairs, cfg.num_actors(), &cfg.team_setup())?;
+    check_actors(&pairs, cfg.training.evaluation.team.num_actors, &cfg.team_setup)?;
     // Whole items are held out (all pairs of one prompt set together, across rounds too): a pair
     // whose prompt also has pairs in the fit measures memory of that prompt, not how the model
     // ranks the responses to a prompt it never saw.
     let items: Vec<&Vec<String>> = pairs.iter().map(|p| &p.prompts).collect();
     let num_items = items.iter().collect::<std::collections::HashSet<_>>().len();
-    let (train, held): (Vec<&PreferencePair>, Vec<&PreferencePair>) = if cfg.reward_eval_fraction > 0.0 {
+    let (train, held): (Vec<&PreferencePair>, Vec<&PreferencePair>) = if cfg.eval_fraction > 0.0 {
         if num_items < 2 {
             bail!(
                 "reward_eval_fraction = {} holds out whole items and needs pairs of at least 2 items, the selected \
                  rounds have {num_items}; set reward_eval_fraction = 0 to fit on all of them",
-                cfg.reward_eval_fraction,
+                cfg.eval_fraction,
             );
         }
-        let out =
-            choose_held_out_groups(&items, cfg.reward_eval_fraction, derive_seed(cfg.seed, &[purpose::REWARD_SPLIT]));
+        let out = choose_held_out_groups(&items, cfg.eval_fraction, derive_seed(cfg.seed, &[purpose::REWARD_SPLIT]));
         let (h, t): (Vec<_>, Vec<_>) = pairs.iter().zip(&out).partition(|(_, &o)| o);
         (t.into_iter().map(|(p, _)| p).collect(), h.into_iter().map(|(p, _)| p).collect())
     } else {
@@ -173,12 +173,12 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     let fitted_prompts: HashSet<Vec<String>> = train.iter().map(|p| p.prompts.clone()).collect();
     let held_items = held_prompts.len();
 
-    let (source, device) = cfg.reward_model_source()?;
-    let device = parse_device(&device, "reward_model_device")?;
+    let source = &cfg.source;
+    let device = parse_device(&cfg.device, "reward_model_device")?;
     // The backbone, before the head joins its variables: trained whole; frozen and only read
     // (stored as `frozen_dtype` says); or frozen under LoRA adapters (`reward_lora`).
-    let backbone = LoadedModel::load_backbone(&source, &device)
-        .and_then(|b| match &cfg.reward_lora {
+    let backbone = LoadedModel::load_backbone(source, &device)
+        .and_then(|b| match &cfg.lora {
             Some(lora) => {
                 let (r, alpha, target_modules, use_rslora) = lora.shape_of(0);
                 let base = crate::team::lora_base(b, lora)?;
@@ -187,24 +187,24 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
                 rm.set_lora_dropout(lora.dropout)?;
                 Ok(rm)
             }
-            None if cfg.reward_freeze_backbone => b.stored(frozen_storage(cfg.frozen_dtype)),
+            None if cfg.freeze_backbone => b.stored(frozen_storage(cfg.frozen_dtype)),
             None => Ok(b),
         })
         .with_context(|| format!("loading the reward model's backbone `{source}`"))?;
-    let max_length = cfg.reward_max_length.map(|m| m as usize);
+    let max_length = cfg.max_length;
     let context = backbone.model.config.context_length();
     if let Some(m) = max_length.filter(|&m| m > context) {
         bail!("reward_max_length = {m} is beyond the context of the reward model's backbone `{source}` ({context})");
     }
     let mut rm = JointRewardModel::fresh(
         backbone,
-        cfg.num_agents as usize,
+        cfg.num_roles,
         max_length,
-        cfg.reward_head,
-        cfg.reward_head_hidden(),
+        cfg.head,
+        cfg.head_hidden,
         derive_seed(cfg.seed, &[purpose::REWARD_HEAD]),
     )?;
-    if cfg.gradient_checkpointing && !cfg.reward_freeze_backbone {
+    if cfg.gradient_checkpointing && !cfg.freeze_backbone {
         rm.backbone.checkpoint_layers();
     }
     let rm = rm;
@@ -216,8 +216,8 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     };
     let train = train.into_iter().map(encode).collect::<Result<Vec<_>>>()?;
     let held = held.into_iter().map(encode).collect::<Result<Vec<_>>>()?;
-    if !cfg.reward_freeze_backbone {
-        check_batch_fits(&rm, &train, cfg.reward_train_batch_size as usize, &device)?;
+    if !cfg.freeze_backbone {
+        check_batch_fits(&rm, &train, cfg.batch_size, &device)?;
     }
 
     let dir = run_dir.replay().to_path_buf();
@@ -226,24 +226,24 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
     let plan = Plan {
         stage: "fit-rm",
         models: vec![&rm.backbone],
-        params: vec![rm.trainable(cfg.reward_freeze_backbone)],
-        learning_rates: vec![cfg.reward_learning_rate],
-        epochs: cfg.reward_num_train_epochs as u64,
+        params: vec![rm.trainable(cfg.freeze_backbone)],
+        learning_rates: vec![cfg.learning_rate],
+        epochs: cfg.num_train_epochs,
         state_dir: run_dir.reward_model_state(),
         shuffle: Some(purpose::REWARD_TRAIN),
         fingerprint_extra: Vec::new(),
     };
     let data = TrainingData { rounds: &files, num_examples: train.len() };
-    let setup = SessionSetup::of(cfg, data.rounds, std::slice::from_ref(&source), None)?;
+    let setup = SessionSetup::of(&cfg.training, data.rounds, std::slice::from_ref(source), None)?;
     let mut session = Session::open_plan(setup, run_dir, plan, None, data, opts.resume)?;
     let started = std::time::Instant::now();
-    let batch_size = cfg.reward_train_batch_size as usize;
+    let batch_size = cfg.batch_size;
     let batches_per_epoch = train.len().div_ceil(batch_size) as u64;
     let mut held_out = None;
 
     // A frozen backbone's hidden states cannot change: computed once here, every epoch then
     // runs the head only (the same scores as through the backbone, without its forward passes).
-    let (frozen_train, frozen_held) = match cfg.reward_freeze_backbone {
+    let (frozen_train, frozen_held) = match cfg.freeze_backbone {
         true => {
             let t = std::time::Instant::now();
             let f = (PairFeatures::of(&rm, &train)?, PairFeatures::of(&rm, &held)?);
@@ -315,7 +315,7 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
         rounds,
         held_out_pairs: held.len(),
         held_out_items: held_items,
-        source,
+        source: source.clone(),
         saved_in: out_dir,
         secs: started.elapsed().as_secs_f64(),
         held_out,
@@ -330,25 +330,26 @@ pub fn fit(cfg: &crate::config::Config, run_dir: &RunDir, opts: &FitOptions) -> 
 /// their prompts (a round of other settings). `None` when not asked for, or when there are none
 /// (rounds of another task).
 fn fresh_rank(
-    cfg: &crate::config::Config,
+    cfg: &RewardFitConfig,
     run_dir: &RunDir,
     rm: &JointRewardModel,
     held_prompts: &HashSet<Vec<String>>,
     fitted_prompts: &HashSet<Vec<String>>,
 ) -> Result<Option<FreshRank>> {
-    let k = cfg.reward_fresh_samples as usize;
+    let k = cfg.fresh_samples;
+    let evaluation = &cfg.training.evaluation;
     if k < 2 {
         return Ok(None);
     }
-    let team = load_team(&cfg.team()?, run_dir)?;
+    let team = load_team(&evaluation.team, run_dir)?;
     let prompts_of = |item: &TaskItem| team.iter().map(|a| a.prompt_for(item)).collect::<Result<Vec<_>>>();
     let mut items = Vec::new();
-    for (_, item) in train_items(&cfg.split())? {
+    for (_, item) in train_items(&evaluation.split)? {
         if held_prompts.contains(&prompts_of(&item)?) {
             items.push(item);
         }
     }
-    for item in held_out_items(&cfg.split())? {
+    for item in held_out_items(&evaluation.split)? {
         if !fitted_prompts.contains(&prompts_of(&item)?) {
             items.push(item);
         }
@@ -356,13 +357,14 @@ fn fresh_rank(
     if items.is_empty() {
         return Ok(None);
     }
-    check_fits(&team, &items, &cfg.max_new_tokens(), (k, "reward_fresh_samples"), "train")?;
-    let mut oracle = Oracle::new(&cfg.oracle())?;
+    check_fits(&team, &items, &evaluation.eval.max_new_tokens(), (k, "reward_fresh_samples"), "train")?;
+    let mut oracle = Oracle::new(&evaluation.oracle)?;
     let seed =
         |j: usize, a: usize, s: usize| derive_seed(cfg.seed, &[purpose::REWARD_FRESH, j as u64, a as u64, s as u64]);
     let mut groups = Vec::with_capacity(items.len());
     for (j, item) in items.iter().enumerate() {
-        let out = rollout(&team, std::slice::from_ref(item), k, &cfg.sampling(), |_, a, s| seed(j, a, s), |_| {})?;
+        let out =
+            rollout(&team, std::slice::from_ref(item), k, &evaluation.eval.sampling, |_, a, s| seed(j, a, s), |_| {})?;
         let prompts = &out.prompts[0];
         let joints: Vec<Vec<String>> = (0..k).map(|s| out.texts(0, s)).collect();
         let truth = oracle.score(item, prompts, &joints)?.processed;

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 
 use super::optim::{AdamW, AdamWConfig};
 use super::summary::keeps_best;
-use crate::config::{Config, SessionConfig};
+use crate::config::{SessionConfig, TrainingConfig};
 use crate::evaluation::{evaluate, periodic_eval, PeriodicEval};
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
@@ -97,13 +97,19 @@ pub struct SessionSetup {
 impl SessionSetup {
     /// The setup of a training on `rounds` of models from `sources`; the periodic evaluation
     /// when there is a team to evaluate and `eval_interval` asks for it.
-    pub fn of(cfg: &Config, rounds: &[(u32, &Path)], sources: &[String], team: Option<&[Agent]>) -> Result<Self> {
+    pub fn of(
+        cfg: &TrainingConfig,
+        rounds: &[(u32, &Path)],
+        sources: &[String],
+        team: Option<&[Agent]>,
+    ) -> Result<Self> {
         let numbers: Vec<u32> = rounds.iter().map(|(r, _)| *r).collect();
         let eval = match team {
-            Some(team) if cfg.eval_interval > 0 => periodic_eval(cfg, team, &numbers)?,
+            Some(team) if cfg.session.eval_interval > 0 => periodic_eval(&cfg.evaluation, team, &numbers)?,
             _ => None,
         };
-        Ok(Self { config: cfg.session(), fingerprint: Fingerprint::of_training(cfg, rounds, sources)?, eval })
+        let fingerprint = Fingerprint::of_training(&cfg.fingerprint, rounds, sources)?;
+        Ok(Self { config: cfg.session.clone(), fingerprint, eval })
     }
 }
 

@@ -33,7 +33,7 @@ use serde_json::json;
 use super::setup::{abs_mean, mean, rollout_pad, ScoredRollout, Setup};
 use super::TrainOptions;
 use crate::algo::actor_critic::{actor_loss, buffer_advantages, value_loss};
-use crate::config::{Config, DeviceSpec, MarlhfBackend};
+use crate::config::{MarlhfBackend, MarlhfConfig};
 use crate::device::parse_device;
 use crate::rng::{derive_seed, purpose};
 use crate::run::fingerprint::source_digest;
@@ -52,8 +52,8 @@ pub const VALUE_HEAD: &str = "value_head";
 const VALUE_BATCH: usize = 8;
 
 /// Items per buffer: the fewest whose samples reach `rollout_buffer_size`.
-pub fn items_per_buffer(cfg: &Config) -> usize {
-    (cfg.rollout_buffer_size as usize).div_ceil(cfg.num_generations as usize).max(1)
+pub fn items_per_buffer(cfg: &MarlhfConfig) -> usize {
+    cfg.rollout_buffer_size.div_ceil(cfg.num_generations).max(1)
 }
 
 /// A critic model with its value head (in the model's `VarMap`).
@@ -117,11 +117,16 @@ pub fn chunk_losses(
     Ok((actor_loss, critic_loss))
 }
 
-pub(super) fn train(cfg: &Config, run_dir: &RunDir, setup: &Setup, opts: &TrainOptions) -> Result<TrainingSummary> {
+pub(super) fn train(
+    cfg: &MarlhfConfig,
+    run_dir: &RunDir,
+    setup: &Setup,
+    opts: &TrainOptions,
+) -> Result<TrainingSummary> {
     let team = &setup.team;
     let n = team.len();
     let critics = build_critics(cfg, team)?;
-    let critic_lr = cfg.critic_learning_rate.unwrap_or(cfg.agent_learning_rate);
+    let critic_lr = cfg.critic.learning_rate;
     let critic_models: Vec<&LoadedModel> = match &critics {
         Critics::PerAgent(c) => c.iter().map(|c| &c.model).collect(),
         Critics::Shared(_) => Vec::new(),
@@ -134,24 +139,24 @@ pub(super) fn train(cfg: &Config, run_dir: &RunDir, setup: &Setup, opts: &TrainO
     }
     let mut models: Vec<&LoadedModel> = team.iter().map(|a| &a.model).collect();
     models.extend(&critic_models);
-    let mut learning_rates = vec![cfg.agent_learning_rate; n];
+    let mut learning_rates = vec![cfg.learning_rate; n];
     learning_rates.extend(vec![critic_lr; critic_models.len()]);
     let plan = Plan {
         stage: "train-marlhf",
         params: models.iter().map(|m| all_weights(m)).collect(),
         models,
         learning_rates,
-        epochs: cfg.num_train_epochs as u64,
+        epochs: cfg.num_train_epochs,
         state_dir: run_dir.marlhf_state(),
         shuffle: None,
         fingerprint_extra,
     };
     let data = TrainingData { rounds: &[], num_examples: setup.items.len() };
-    let session_setup = SessionSetup::of(cfg, data.rounds, &cfg.agent_sources()?, Some(team))?;
+    let session_setup = SessionSetup::of(&cfg.training, data.rounds, &cfg.team.sources, Some(team))?;
     let mut session = Session::open_plan(session_setup, run_dir, plan, Some(team), data, opts.resume)?;
-    let chunk_samples = cfg.pairs_per_update().max(1);
+    let chunk_samples = cfg.pairs_per_update.max(1);
     let clip = match &critics {
-        Critics::Shared(_) => cfg.value_clip_range,
+        Critics::Shared(_) => cfg.critic.value_clip_range,
         _ => None,
     };
 
@@ -169,8 +174,8 @@ pub(super) fn train(cfg: &Config, run_dir: &RunDir, setup: &Setup, opts: &TrainO
                     let ids = &joint[a].ids;
                     let len = ids.iter().position(|&t| t == rollout_pad(agent)).unwrap_or(ids.len());
                     let row = ScoreRow { prompt: out.prompt_ids[j][a].clone(), completion: ids[..len].to_vec() };
-                    let kl = if cfg.reference_kl_enabled { cfg.reference_kl_coef * kls[a][j][s] } else { 0.0 };
-                    let critic_row = critic_input(cfg, &critics, &out, &row, j, s)?;
+                    let kl = cfg.reference_kl.map_or(0.0, |coef| coef * kls[a][j][s]);
+                    let critic_row = critic_input(cfg.critic.q_critic, &critics, &out, &row, j, s)?;
                     samples.push(Sample { row, critic_row, target: returns[j][s] - kl, old_value: 0.0 });
                 }
             }
@@ -203,7 +208,7 @@ pub(super) fn train(cfg: &Config, run_dir: &RunDir, setup: &Setup, opts: &TrainO
                 let adv: Vec<f64> = part.iter().map(|&i| advantages[i]).collect();
                 let critic_model = value_model(&critics, team, a);
                 let (actor, critic) =
-                    chunk_losses(&agent.model, critic_model, &chunk, &adv, clip, cfg.value_loss_coef)?;
+                    chunk_losses(&agent.model, critic_model, &chunk, &adv, clip, cfg.critic.value_loss_coef)?;
                 match critic_index(&critics, n, a) {
                     Some(c) => {
                         // The actor's step, then the critic's, on their own losses.
@@ -264,15 +269,7 @@ fn critic_index(critics: &Critics, n: usize, a: usize) -> Option<usize> {
 }
 
 /// What the critic reads for sample `s` of item `j` (`row`: the agent's prompt and response).
-fn critic_input(
-    cfg: &Config,
-    critics: &Critics,
-    out: &Rollout,
-    row: &ScoreRow,
-    j: usize,
-    s: usize,
-) -> Result<Vec<u32>> {
-    let q = cfg.modes.q_critic;
+fn critic_input(q: bool, critics: &Critics, out: &Rollout, row: &ScoreRow, j: usize, s: usize) -> Result<Vec<u32>> {
     match critics {
         Critics::PerAgent(_) | Critics::Shared(_) => {
             let mut ids = row.prompt.clone();
@@ -306,15 +303,10 @@ pub fn maac_critic_text(prompts: &[String], actions: Option<&[String]>) -> Strin
 }
 
 /// The critics the config asks for, each value head drawn from its own seeded stream.
-fn build_critics(cfg: &Config, team: &[Agent]) -> Result<Critics> {
+fn build_critics(cfg: &MarlhfConfig, team: &[Agent]) -> Result<Critics> {
     let n = team.len();
     let rng = |i: usize| ChaCha8Rng::seed_from_u64(derive_seed(cfg.seed, &[purpose::VALUE_HEAD, i as u64]));
-    let dim = |d: Option<i64>| d.map(|d| d as usize);
-    let sources = cfg.agent_sources()?;
-    let devices = match &cfg.critic_devices {
-        Some(spec) => DeviceSpec::resolve(Some(spec), n, "critic_devices")?,
-        None => DeviceSpec::resolve(cfg.agent_devices.as_ref(), n, "agent_devices")?,
-    };
+    let (sources, devices, settings) = (&cfg.team.sources, &cfg.critic.devices, &cfg.critic);
     let load = |i: usize, source: &str, hidden_dim: Option<usize>, rng: &mut ChaCha8Rng| -> Result<Critic> {
         let device = parse_device(&devices[i], &format!("critic_devices[{i}]"))?;
         let mut model =
@@ -322,41 +314,47 @@ fn build_critics(cfg: &Config, team: &[Agent]) -> Result<Critics> {
         let hidden = model.model.config.hidden_size;
         let head = ValueHead::init(&model.varmap, VALUE_HEAD, hidden, hidden_dim, rng, &device)?;
         // A critic trains its whole backbone, as the actors do: checkpointed the same way.
-        if cfg.gradient_checkpointing {
+        if cfg.team.gradient_checkpointing {
             model.checkpoint_layers();
         }
         Ok(Critic { model, head })
     };
-    Ok(match cfg.modes.marlhf {
+    Ok(match cfg.backend {
         MarlhfBackend::Iac { separate: true } => {
             let mut critics = Vec::with_capacity(n);
             for (i, agent) in team.iter().enumerate() {
-                let source = cfg.critic_model_name.clone().unwrap_or_else(|| sources[i].clone());
-                let critic = load(i, &source, dim(cfg.critic_value_head_hidden_dim), &mut rng(i))?;
+                let source = settings.model.clone().unwrap_or_else(|| sources[i].clone());
+                let critic = load(i, &source, settings.critic_head_hidden, &mut rng(i))?;
                 same_tokens(agent, &critic.model)?;
                 critics.push(critic);
             }
             Critics::PerAgent(critics)
         }
         MarlhfBackend::Iac { separate: false } => {
-            if cfg.critic_model_name.is_some() {
+            if settings.model.is_some() {
                 bail!("critic_model_name is set but use_separate_critic = false puts the value head on each actor");
             }
             let mut heads = Vec::with_capacity(n);
             for (i, agent) in team.iter().enumerate() {
                 let m = &agent.model;
                 let hidden = m.model.config.hidden_size;
-                let dim = dim(cfg.value_head_hidden_dim);
-                heads.push(ValueHead::init(&m.varmap, VALUE_HEAD, hidden, dim, &mut rng(i), &agent.device)?);
+                heads.push(ValueHead::init(
+                    &m.varmap,
+                    VALUE_HEAD,
+                    hidden,
+                    settings.value_head_hidden,
+                    &mut rng(i),
+                    &agent.device,
+                )?);
             }
             Critics::Shared(heads)
         }
         MarlhfBackend::Maac => {
-            let source = cfg.critic_model_name.clone().unwrap_or_else(|| sources[0].clone());
-            Critics::Central(Box::new(load(0, &source, dim(cfg.critic_value_head_hidden_dim), &mut rng(0))?))
+            let source = settings.model.clone().unwrap_or_else(|| sources[0].clone());
+            Critics::Central(Box::new(load(0, &source, settings.critic_head_hidden, &mut rng(0))?))
         }
         MarlhfBackend::PolicyGradient(_) => {
-            bail!("rl_algorithm = \"{}\" is not an actor-critic backend", cfg.rl_algorithm)
+            bail!("rl_algorithm = \"{}\" is not an actor-critic backend", cfg.algorithm)
         }
     })
 }
@@ -390,6 +388,12 @@ mod tests {
             maac_critic_text(&p, Some(&a)),
             "[Agent 0] write\n\n[Agent 1] expand\n\n[Joint Action]\n\n[Agent 0 action]\nshort\n\n[Agent 1 action]\nlong"
         );
-        assert_eq!(items_per_buffer(&Config { rollout_buffer_size: 5, num_generations: 2, ..Config::default() }), 3);
+        let cfg = crate::config::Config {
+            rollout_buffer_size: 5,
+            num_generations: 2,
+            agent_model: Some("m".into()),
+            ..Default::default()
+        };
+        assert_eq!(items_per_buffer(&cfg.marlhf().unwrap()), 3);
     }
 }

@@ -26,7 +26,7 @@ mod setup;
 
 use anyhow::{bail, Result};
 
-use crate::config::{Config, MarlhfBackend};
+use crate::config::{MarlhfBackend, MarlhfConfig};
 use crate::run::RunDir;
 use crate::train::session::TrainingSummary;
 use policy_gradient::train_policy_gradient;
@@ -58,14 +58,14 @@ impl TrainReport {
 }
 
 /// Train the team on the reward model in `reward_model/` and save it in `agents/`.
-pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainReport> {
-    let backend = cfg.modes.marlhf;
-    if cfg.modes.centralized && !matches!(backend, MarlhfBackend::PolicyGradient(_)) {
+pub fn train(cfg: &MarlhfConfig, run_dir: &RunDir, opts: &TrainOptions) -> Result<TrainReport> {
+    let backend = cfg.backend;
+    if cfg.team.centralized && !matches!(backend, MarlhfBackend::PolicyGradient(_)) {
         bail!(
             "collaboration_mode = \"centralized\" with rl_algorithm = \"{}\": the actor-critic backends train \
              decentralized agents; choose a MAGRPO-family rl_algorithm (magrpo, mareinforce, maremax, marloo) for \
              a centralized actor",
-            cfg.rl_algorithm
+            cfg.algorithm
         );
     }
     let started = std::time::Instant::now();
@@ -75,10 +75,9 @@ pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<Trai
                 cfg,
                 run_dir,
                 BatchShape {
-                    items_per_buffer: cfg.rollout_buffer_size as usize,
+                    items_per_buffer: cfg.rollout_buffer_size,
                     buffer_keys: "rollout_buffer_size × num_generations",
-                    rows_per_update: policy_gradient::items_per_update(cfg)
-                        .saturating_mul(cfg.num_generations as usize),
+                    rows_per_update: policy_gradient::items_per_update(cfg).saturating_mul(cfg.num_generations),
                     update_keys: "train_batch_size × num_generations",
                 },
             )?;
@@ -88,7 +87,7 @@ pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<Trai
             let shape = BatchShape {
                 items_per_buffer: actor_critic::items_per_buffer(cfg),
                 buffer_keys: "rollout_buffer_size (rounded up to whole items)",
-                rows_per_update: cfg.pairs_per_update().max(1),
+                rows_per_update: cfg.pairs_per_update.max(1),
                 update_keys: "train_batch_size",
             };
             let setup = Setup::load(cfg, run_dir, shape)?;
@@ -96,8 +95,8 @@ pub fn train(cfg: &Config, run_dir: &RunDir, opts: &TrainOptions) -> Result<Trai
         }
     };
     Ok(TrainReport {
-        num_agents: cfg.num_actors(),
-        algorithm: cfg.rl_algorithm.clone(),
+        num_agents: cfg.team.num_actors,
+        algorithm: cfg.algorithm.clone(),
         num_items: n,
         summary,
         secs: started.elapsed().as_secs_f64(),

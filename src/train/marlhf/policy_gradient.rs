@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::algo::advantages::{group_advantages, AdvantageMode, AdvantageRule};
 use crate::algo::policy_gradient::{chunk_loss, group_loss};
-use crate::config::Config;
+use crate::config::MarlhfConfig;
 use crate::rng::{derive_seed, purpose};
 use crate::run::RunDir;
 use crate::team::rollout::Rollout;
@@ -22,39 +22,35 @@ use super::setup::{abs_mean, mean, rollout_pad, ScoredRollout, Setup};
 use super::TrainOptions;
 
 /// Items whose groups one update scores: `train_batch_size`, at most a buffer's.
-pub(super) fn items_per_update(cfg: &Config) -> usize {
-    cfg.pairs_per_update().min(cfg.rollout_buffer_size as usize).max(1)
+pub(super) fn items_per_update(cfg: &MarlhfConfig) -> usize {
+    cfg.pairs_per_update.min(cfg.rollout_buffer_size).max(1)
 }
 
 /// The MAGRPO family: group advantages per item, the policy-gradient loss on padded rows.
 pub(super) fn train_policy_gradient(
-    cfg: &Config,
+    cfg: &MarlhfConfig,
     run_dir: &RunDir,
     setup: &Setup,
     mode: AdvantageMode,
     opts: &TrainOptions,
 ) -> Result<TrainingSummary> {
-    let rule = AdvantageRule {
-        mode,
-        normalize: cfg.advantage_normalization,
-        kl_coef: cfg.reference_kl_enabled.then_some(cfg.reference_kl_coef),
-    };
+    let rule = AdvantageRule { mode, normalize: cfg.advantage_normalization, kl_coef: cfg.reference_kl };
     let Setup { team, items, .. } = setup;
-    let buffer = cfg.rollout_buffer_size as usize;
+    let buffer = cfg.rollout_buffer_size;
     let chunk_items = items_per_update(cfg);
-    let centralized = cfg.modes.centralized;
+    let centralized = cfg.team.centralized;
     let plan = Plan {
         stage: "train-marlhf",
         models: team.iter().map(|a| &a.model).collect(),
         params: team.iter().map(|a| all_weights(&a.model)).collect(),
-        learning_rates: vec![cfg.agent_learning_rate; team.len()],
-        epochs: cfg.num_train_epochs as u64,
+        learning_rates: vec![cfg.learning_rate; team.len()],
+        epochs: cfg.num_train_epochs,
         state_dir: run_dir.marlhf_state(),
         shuffle: None,
         fingerprint_extra: vec![("reward model".into(), setup.rm_digest.clone())],
     };
     let data = TrainingData { rounds: &[], num_examples: items.len() };
-    let session_setup = SessionSetup::of(cfg, data.rounds, &cfg.agent_sources()?, Some(team))?;
+    let session_setup = SessionSetup::of(&cfg.training, data.rounds, &cfg.team.sources, Some(team))?;
     let mut session = Session::open_plan(session_setup, run_dir, plan, Some(team), data, opts.resume)?;
 
     session.run(items.len(), buffer, |step, chunk, metrics| {

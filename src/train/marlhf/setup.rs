@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
 use crate::algo::reference_kl::k3_sequence_kl;
-use crate::config::Config;
+use crate::config::{MarlhfConfig, TeamConfig};
 use crate::device::{ensure_fits, parse_device};
 use crate::reward_model::JointRewardModel;
 use crate::rng::{derive_seed, purpose};
@@ -71,31 +71,36 @@ fn warn_on_fresh_rank(run_dir: &RunDir) {
 impl Setup {
     /// Load everything, and refuse before any work a batch `shape` whose sampling or update
     /// would not fit in memory.
-    pub(super) fn load(cfg: &Config, run_dir: &RunDir, shape: BatchShape) -> Result<Self> {
+    pub(super) fn load(cfg: &MarlhfConfig, run_dir: &RunDir, shape: BatchShape) -> Result<Self> {
         let rm_dir = run_dir.reward_model();
         if !JointRewardModel::exists(&rm_dir) {
             bail!("{} holds no reward model; run `pbrl fit-rm` first", rm_dir.display());
         }
-        let (_, rm_device) = cfg.reward_model_source()?;
         let rm = JointRewardModel::load(
             &rm_dir,
-            &parse_device(&rm_device, "reward_model_device")?,
+            &parse_device(&cfg.reward_model_device, "reward_model_device")?,
             crate::team::frozen_storage(cfg.frozen_dtype),
         )?;
-        if rm.num_agents != cfg.num_agents as usize {
-            bail!("{} scores teams of {} agents, this config has {}", rm_dir.display(), rm.num_agents, cfg.num_agents);
+        if rm.num_agents != cfg.team.num_roles {
+            bail!(
+                "{} scores teams of {} agents, this config has {}",
+                rm_dir.display(),
+                rm.num_agents,
+                cfg.team.num_roles
+            );
         }
         warn_on_fresh_rank(run_dir);
-        let (indices, items): (Vec<usize>, Vec<TaskItem>) = train_items(&cfg.split())?.into_iter().unzip();
+        let (indices, items): (Vec<usize>, Vec<TaskItem>) =
+            train_items(&cfg.training.evaluation.split)?.into_iter().unzip();
         if items.is_empty() {
             bail!("no train items to learn from");
         }
-        let team = load_training_team(&cfg.team()?, run_dir)?;
-        let rows = shape.items_per_buffer.saturating_mul(cfg.num_generations as usize);
-        check_fits(&team, &items, &cfg.max_new_tokens(), (rows, shape.buffer_keys), "train")?;
+        let team = load_training_team(&cfg.team, run_dir)?;
+        let rows = shape.items_per_buffer.saturating_mul(cfg.num_generations);
+        check_fits(&team, &items, &cfg.max_new_tokens, (rows, shape.buffer_keys), "train")?;
         for agent in &team {
             // Only completion tokens are scored, each at most max_new_tokens long.
-            let tokens = shape.rows_per_update.saturating_mul(cfg.max_new_tokens()[agent.index]);
+            let tokens = shape.rows_per_update.saturating_mul(cfg.max_new_tokens[agent.index]);
             ensure_fits(&agent.device, agent.model.model.config.logit_and_grad_bytes(tokens), |need, free| {
                 format!(
                     "{}: an update scores up to {} completions of actor {} ({tokens} tokens), whose logits and their \
@@ -104,19 +109,19 @@ impl Setup {
                 )
             })?;
         }
-        let reference = if cfg.reference_kl_enabled { Some(reference_team(cfg, &team)?) } else { None };
+        let reference = if cfg.reference_kl.is_some() { Some(reference_team(&cfg.team, &team)?) } else { None };
         let rm_digest = JointRewardModel::digest(&rm_dir)?;
         Ok(Self { rm, rm_digest, indices, items, team, reference })
     }
 
     /// Every agent's `k` samples for the items `chunk` (indices into `items`), each request
     /// seeded by epoch, item, agent and sample; `tokens` counts the generated tokens.
-    pub fn rollout(&self, cfg: &Config, epoch: u64, chunk: &[usize], tokens: &mut usize) -> Result<Rollout> {
+    pub fn rollout(&self, cfg: &MarlhfConfig, epoch: u64, chunk: &[usize], tokens: &mut usize) -> Result<Rollout> {
         let batch: Vec<TaskItem> = chunk.iter().map(|&i| self.items[i].clone()).collect();
         let seed = |j: usize, a: usize, s: usize| {
             derive_seed(cfg.seed, &[purpose::RL_ROLLOUT, epoch, self.indices[chunk[j]] as u64, a as u64, s as u64])
         };
-        rollout(&self.team, &batch, cfg.num_generations as usize, &cfg.sampling(), seed, |n| *tokens += n)
+        rollout(&self.team, &batch, cfg.num_generations, &cfg.sampling, seed, |n| *tokens += n)
     }
 
     /// A buffer's rollouts ([`Setup::rollout`]) and what its advantages start from:
@@ -125,7 +130,7 @@ impl Setup {
     /// `time/rollout_s` (sampling), `time/reward_s` (the reward model and the reference KLs).
     pub fn scored_rollout(
         &self,
-        cfg: &Config,
+        cfg: &MarlhfConfig,
         (epoch, chunk): (u64, &[usize]),
         tokens: &mut usize,
         shaped: bool,
@@ -138,7 +143,7 @@ impl Setup {
         let returns = joint_scores(&self.rm, &out)?;
         let kls = self.reference_kls(&out)?;
         metrics["time/reward_s"] = json!(started.elapsed().as_secs_f64());
-        rollout_metrics(cfg, &returns, &kls, shaped, metrics);
+        rollout_metrics(cfg.reference_kl, &returns, &kls, shaped, metrics);
         Ok(ScoredRollout { out, returns, kls })
     }
 
@@ -159,18 +164,28 @@ impl Setup {
 /// `expected_return` is the mean return the advantages start from: the raw scores for the
 /// MAGRPO family (whose KL enters its advantages), the KL-shaped ones for the actor-critic
 /// backends (`shaped`).
-fn rollout_metrics(cfg: &Config, returns: &[Vec<f64>], kls: &[Vec<Vec<f64>>], shaped: bool, metrics: &mut Value) {
+fn rollout_metrics(
+    reference_kl: Option<f64>,
+    returns: &[Vec<f64>],
+    kls: &[Vec<Vec<f64>>],
+    shaped: bool,
+    metrics: &mut Value,
+) {
     let all: Vec<f64> = returns.iter().flatten().copied().collect();
     metrics["turn_1/reward_mean"] = json!(mean(&all));
-    let shaped_returns = kls.iter().flat_map(|agent| {
-        agent.iter().zip(returns).flat_map(|(k, r)| k.iter().zip(r).map(|(kl, r)| r - cfg.reference_kl_coef * kl))
+    metrics["turn_1/expected_return"] = json!(match reference_kl {
+        Some(coef) if shaped => {
+            let shaped_returns = kls.iter().flat_map(|agent| {
+                agent.iter().zip(returns).flat_map(|(k, r)| k.iter().zip(r).map(|(kl, r)| r - coef * kl))
+            });
+            mean(&shaped_returns.collect::<Vec<_>>())
+        }
+        _ => mean(&all),
     });
-    metrics["turn_1/expected_return"] =
-        json!(if shaped && cfg.reference_kl_enabled { mean(&shaped_returns.collect::<Vec<_>>()) } else { mean(&all) });
-    if cfg.reference_kl_enabled {
+    if let Some(coef) = reference_kl {
         let kl_all: Vec<f64> = kls.iter().flatten().flatten().copied().collect();
         metrics["turn_1/reference_kl_mean"] = json!(mean(&kl_all));
-        metrics["turn_1/reference_kl_penalty_mean"] = json!(cfg.reference_kl_coef * mean(&kl_all));
+        metrics["turn_1/reference_kl_penalty_mean"] = json!(coef * mean(&kl_all));
     }
 }
 
@@ -234,7 +249,6 @@ pub(super) fn reference_kls(agent: &Agent, reference: &Agent, out: &Rollout) -> 
 /// The frozen reference of each agent: its configured model (`agent_model` / `agents`), as
 /// the reference's MARLHF starts from it. Not the team in `agents/`: a resumed or extended run
 /// has overwritten that with its own agents.
-pub(super) fn reference_team(cfg: &Config, team: &[Agent]) -> Result<Vec<Agent>> {
-    let config = cfg.team()?;
-    load_reference_team(&config, team, &config.sources, "reference model")
+pub(super) fn reference_team(config: &TeamConfig, team: &[Agent]) -> Result<Vec<Agent>> {
+    load_reference_team(config, team, &config.sources, "reference model")
 }
