@@ -24,4 +24,6 @@ pub mod purpose {
     pub const REWARD_LORA_INIT: u64 = 17;
     pub const ROUND_ITEMS: u64 = 18;
     pub const LORA_DROPOUT: u64 = 19;
+    pub const EVAL_TURN: u64 = 20;
+    pub const RL_TURN: u64 = 21;
 }

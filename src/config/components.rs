@@ -5,7 +5,12 @@ use std::path::PathBuf;
 
 use pbrl_model::SamplingParams;
 
-use super::{AgentLora, BaseDType, Config, ConfigError, DeviceSpec, EvalSplit, LrSchedule, RewardConfig};
+use super::{
+    AgentLora, BaseDType, Config, ConfigError, DeviceSpec, EvalSplit, HistoryReward, LrSchedule, RewardConfig,
+};
+
+/// The debate transition's template when `transition.template` is not set.
+pub const DEFAULT_DEBATE_TEMPLATE: &str = "{prompt}\n\nYour answer so far:\n{own}\n\nThe other agents answered:\n{others}\n\nRead their answers, then write your own improved answer.";
 
 /// What the training session reads (`train::session`): the seed of its streams, the epochs, the
 /// schedule, checkpoints, the periodic evaluation's cadence, keep-best, and how the team is saved.
@@ -38,6 +43,31 @@ pub struct EvalConfig {
     pub rows: (usize, &'static str),
     /// One actor writes every role (its joint completion is kept in the report).
     pub centralized: bool,
+    /// More than one turn: how the discussion goes on.
+    pub turns: Option<TurnsConfig>,
+}
+
+/// A multi-turn discussion (`num_turns` > 1): its turns, the transition between them, how a
+/// transition's text becomes a prompt, and the history's score.
+#[derive(Debug, Clone)]
+pub struct TurnsConfig {
+    pub num_turns: usize,
+    pub transition: TransitionSpec,
+    /// `external_prompt_passthrough`.
+    pub passthrough: bool,
+    pub history_reward: HistoryReward,
+}
+
+/// `[transition]`, validated.
+#[derive(Debug, Clone)]
+pub enum TransitionSpec {
+    /// Each agent's template.
+    Debate(Vec<String>),
+    Command {
+        command: Vec<String>,
+        env: Vec<String>,
+        timeout_s: f64,
+    },
 }
 
 /// Which of the task's items each stage uses (`task::split`, `evaluation`'s items): the files,
@@ -100,6 +130,29 @@ impl EvalConfig {
 }
 
 impl Config {
+    /// The discussion's turns beyond the first (`None`: one turn).
+    pub fn turns(&self) -> Option<TurnsConfig> {
+        let t = self.transition.as_ref().filter(|_| self.num_turns > 1)?;
+        let transition = match t.kind.as_str() {
+            "command" => {
+                TransitionSpec::Command { command: t.command.clone(), env: t.env.clone(), timeout_s: t.timeout_s }
+            }
+            _ => TransitionSpec::Debate(match &t.template {
+                Some(template) => (0..self.num_actors()).map(|a| template.of(a).clone()).collect(),
+                None => vec![DEFAULT_DEBATE_TEMPLATE.to_string(); self.num_actors()],
+            }),
+        };
+        Some(TurnsConfig {
+            num_turns: self.num_turns as usize,
+            transition,
+            passthrough: self.external_prompt_passthrough,
+            history_reward: match self.history_reward.as_str() {
+                "sum" => HistoryReward::Sum,
+                _ => HistoryReward::Last,
+            },
+        })
+    }
+
     /// The team's settings; the sources and devices resolved (an error names the key).
     pub fn team(&self) -> Result<TeamConfig, ConfigError> {
         let num_actors = self.num_actors();
@@ -173,6 +226,7 @@ impl Config {
             batch_items: self.eval_batch_size as usize,
             rows: self.eval_rows(),
             centralized: self.modes.centralized,
+            turns: self.turns(),
         }
     }
 }

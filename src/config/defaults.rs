@@ -52,6 +52,8 @@ impl Default for Config {
             joint_mode: "aligned".into(),
             early_termination_threshold: None,
             external_prompt_passthrough: false,
+            history_reward: "last".into(),
+            rl_reward: "reward_model".into(),
             eval_interval: 16,
             eval_num_samples: 4,
             eval_batch_size: 1,
@@ -119,6 +121,7 @@ impl Default for Config {
             preference_scoring_reward: "task".into(),
             task: TaskConfig::default(),
             reward: RewardConfig::default(),
+            transition: None,
         }
     }
 }

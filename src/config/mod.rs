@@ -25,21 +25,27 @@ mod tables;
 #[cfg(test)]
 mod tests;
 mod trainers;
+mod turn_rules;
 mod values;
 mod views;
 
-pub use components::{EvalConfig, OracleConfig, SessionConfig, SplitConfig, TeamConfig};
+pub use components::{
+    EvalConfig, OracleConfig, SessionConfig, SplitConfig, TeamConfig, TransitionSpec, TurnsConfig,
+    DEFAULT_DEBATE_TEMPLATE,
+};
 pub use modes::{
-    AdvantageMode, ApiFormat, ComparatorPolicy, LrSchedule, MarlhfBackend, Modes, PairSelection, ReplayMode,
-    RewardHeadKind,
+    AdvantageMode, ApiFormat, ComparatorPolicy, HistoryReward, LrSchedule, MarlhfBackend, Modes, PairSelection,
+    ReplayMode, RewardHeadKind,
 };
 pub use overrides::{closest, Override};
-pub use tables::{AgentLora, BaseDType, ComputeDType, Modules, RewardConfig, TaskConfig, LORA_PROJECTIONS};
+pub use tables::{
+    AgentLora, BaseDType, ComputeDType, Modules, RewardConfig, TaskConfig, TransitionConfig, LORA_PROJECTIONS,
+};
 pub use trainers::{
     ApiConfig, CollectConfig, ComparatorConfig, CompareConfig, CriticConfig, EvaluationConfig, FingerprintConfig,
     MadpoConfig, MarlhfConfig, ReplayConfig, RewardFitConfig, RoundTraining, TrainingConfig,
 };
-pub use values::{DeviceSpec, EvalSplit, PerActor, TokenLimit};
+pub use values::{DeviceSpec, EvalSplit, PerActor, Threshold, TokenLimit};
 
 /// The pooled reward head's hidden layer width when `reward_head_hidden` is not set.
 pub const DEFAULT_REWARD_HEAD_HIDDEN: usize = 32;
@@ -193,17 +199,36 @@ pub struct Config {
     /// Sample among the k most likely tokens ("none": no limit).
     #[serde(deserialize_with = "opt")]
     pub top_k: Option<i64>,
-    /// Must be 1 (single-turn preference training, as the reference).
+    /// Turns of the discussion: at each turn after the first every agent reads the others'
+    /// answers (through `[transition]`) and answers again. Above 1: `train-marlhf` with the
+    /// MAGRPO family, and `eval`; the other stages refuse it.
     pub num_turns: i64,
-    /// Accepted for compatibility; unused by preference training (as in the reference).
+    /// Must be 1: the returns are undiscounted sums over the turns, as CoMLRL 1.4.3's trainers
+    /// compute them whatever this key says.
     pub discount: f64,
-    /// Must be "aligned": joint response k is every agent's k-th completion.
+    /// How the agents' completions make joint actions: "aligned" (completion k of every agent is
+    /// joint action k) or, for `train-marlhf`'s MAGRPO family, "cross" (every combination:
+    /// K^num_agents joint actions per node, each completion's return the sum over those it
+    /// takes part in).
     pub joint_mode: String,
-    /// Accepted for compatibility; unused in single-turn training.
-    #[serde(deserialize_with = "opt")]
-    pub early_termination_threshold: Option<f64>,
-    /// Accepted for compatibility; unused in single-turn training.
+    /// Multi-turn RL: a branch whose node's mean reward exceeds it is not expanded further
+    /// ("none": never). Unset, the reference's -0.2, which ends at turn 1 every branch of a
+    /// reward that is never negative: pbrl warns when it does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub early_termination_threshold: Option<Threshold>,
+    /// What the transition writes is each agent's whole prompt (before its chat template),
+    /// instead of standing in the item's `prompt` under the agent's `task.formatters` template.
     pub external_prompt_passthrough: bool,
+    /// A multi-turn joint history's score where one number stands for it (preferences, the
+    /// evaluation's reward): "last" (its last turn's reward, the default: a discussion is worth
+    /// what it concludes) or "sum" (over its turns).
+    #[serde(skip_serializing_if = "is_last")]
+    pub history_reward: String,
+    /// What `train-marlhf` maximizes: "reward_model" (the joint reward model `fit-rm` fitted:
+    /// MARLHF) or "task" (the task reward itself, as CoMLRL's MAGRPOTrainer does: the baseline a
+    /// preference-trained team is compared with; no reward model needed).
+    #[serde(skip_serializing_if = "is_reward_model")]
+    pub rl_reward: String,
     /// Evaluate during training every this many updates (0: only at the end).
     pub eval_interval: i64,
     /// Eval items an evaluation uses, from the eval file or the held-out share (0: no evaluation).
@@ -398,6 +423,17 @@ pub struct Config {
     pub task: TaskConfig,
     /// The task reward: `[reward]` below.
     pub reward: RewardConfig,
+    /// The transition between turns (`num_turns` > 1): `[transition]` below.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transition: Option<TransitionConfig>,
+}
+
+fn is_last(s: &str) -> bool {
+    s == "last"
+}
+
+fn is_reward_model(s: &str) -> bool {
+    s == "reward_model"
 }
 
 /// The reference's iterative defaults (MADPOIterConfig; MARLHFIterConfig's with `marlhf`), which

@@ -55,6 +55,25 @@ pub enum ReplayMode {
     LambdaDecay(f64),
 }
 
+/// `history_reward`: one number for a multi-turn joint history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryReward {
+    /// Its last turn's reward.
+    Last,
+    /// The sum of its turns' rewards.
+    Sum,
+}
+
+impl HistoryReward {
+    /// The history's score from its turns' rewards (at least one).
+    pub fn score(self, turn_rewards: &[f64]) -> f64 {
+        match self {
+            HistoryReward::Last => *turn_rewards.last().expect("a history has a turn"),
+            HistoryReward::Sum => turn_rewards.iter().sum(),
+        }
+    }
+}
+
 /// `pair_selection`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PairSelection {

@@ -3,7 +3,7 @@
 //! [`Config`], [`TaskConfig`], [`RewardConfig`] and [`AgentLora`] with its doc comment and its default, grouped
 //! by the `// --- section ---` comments of the struct. A test (`config::tests`) fails when the
 //! file is stale; `PBRL_BLESS=1 cargo test --lib config_reference` rewrites it.
-use super::{iterative_defaults, AgentLora, ComputeDType, Config, RewardConfig, TaskConfig};
+use super::{iterative_defaults, AgentLora, ComputeDType, Config, RewardConfig, TaskConfig, TransitionConfig};
 
 /// The sources the reference is read from: the flat keys, then the tables.
 const SOURCES: [&str; 2] = [include_str!("mod.rs"), include_str!("tables.rs")];
@@ -103,7 +103,7 @@ fn paragraphs(lines: &[&str]) -> String {
 /// option; a value the config leaves out of its TOML when it is the default is serialized on
 /// its own).
 fn default_of(table: &toml::Table, key: &Key, whole: &toml::Value) -> String {
-    if key.name == "task" || key.name == "reward" {
+    if key.name == "task" || key.name == "reward" || key.name == "transition" {
         return format!("`[{}]` below", key.name);
     }
     let value = table.get(&key.name).or_else(|| whole.get(&key.name));
@@ -123,6 +123,8 @@ fn all_fields(cfg: &Config) -> toml::Value {
     t.insert("lr_scheduler_type".into(), toml::Value::try_from(cfg.lr_scheduler_type).expect("serializes"));
     t.insert("gradient_checkpointing".into(), toml::Value::Boolean(cfg.gradient_checkpointing));
     t.insert("keep_best_tolerance".into(), toml::Value::Float(cfg.keep_best_tolerance));
+    t.insert("history_reward".into(), toml::Value::String(cfg.history_reward.clone()));
+    t.insert("rl_reward".into(), toml::Value::String(cfg.rl_reward.clone()));
     toml::Value::Table(t)
 }
 
@@ -159,6 +161,7 @@ pub fn markdown() -> String {
         ("task", "TaskConfig", toml::Value::try_from(TaskConfig::default())),
         ("reward", "RewardConfig", toml::Value::try_from(RewardConfig::default())),
         ("agent_lora", "AgentLora", toml::Value::try_from(AgentLora::default())),
+        ("transition", "TransitionConfig", toml::Value::try_from(TransitionConfig::default())),
     ] {
         let doc = struct_doc(table);
         let mut value = value.expect("serializes");

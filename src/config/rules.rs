@@ -126,9 +126,6 @@ impl Config {
         if self.reference_kl_coef < 0.0 {
             return err("reference_kl_coef must be >= 0.");
         }
-        if self.num_turns != 1 {
-            return err("MADPO currently supports num_turns=1 only.");
-        }
         if self.preference_num_candidates < 2 {
             return err("preference_num_candidates must be >= 2.");
         }
@@ -153,9 +150,6 @@ impl Config {
         }
         if self.pair_selection == "all" && self.preference_pairs_per_sample.is_some() {
             return err("preference_pairs_per_sample must be null when pair_selection='all'.");
-        }
-        if !matches!(self.joint_mode.trim().to_lowercase().as_str(), "align" | "aligned") {
-            return err("joint_mode must be 'aligned' (the only supported joint mode).");
         }
         if !matches!(self.advantage_mode.as_str(), "mean" | "raw" | "max" | "rloo") {
             return err("advantage_mode must be one of: mean, raw, max, rloo.");
@@ -233,7 +227,8 @@ impl Config {
         }
         DeviceSpec::resolve(self.agent_devices.as_ref(), self.num_actors(), "agent_devices")?;
         self.validate_reward_model()?;
-        self.validate_training_extras()
+        self.validate_training_extras()?;
+        self.validate_turns()
     }
 
     /// Reference MARLHFConfig rules (§2.2, its order and words), plus pbrl's held-out share.

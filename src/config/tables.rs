@@ -73,6 +73,39 @@ impl Default for RewardConfig {
     }
 }
 
+/// The transition between turns (`num_turns` > 1; CoMLRL's `external_transition`): what each
+/// agent is asked at the next turn of a branch, from the item and that branch of the
+/// discussion. `kind = "debate"`: agent i's next prompt renders `template` over the item's fields
+/// and `{own}` (its own latest answer), `{others}` (the other agents' latest answers, one
+/// `Agent j: ...` paragraph each), `{turn}` (the coming turn's number, from 1) and `{history}`
+/// (every answer so far, turn by turn); its system prompt stays its own. `kind = "command"`:
+/// an external program speaking JSON lines, as the command reward: one request per branch,
+/// `{"item", "turn", "prompts", "responses"}` (`prompts[a][t]`, `responses[a][t]`: agent a's
+/// prompt and answer at turn t + 1 of the branch), one answer `{"prompts": [one per agent]}`;
+/// it gets `PATH`, `HOME`, `LANG` and the variables `env` names, nothing else.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransitionConfig {
+    /// "debate" (built in) or "command" (an external program).
+    pub kind: String,
+    /// debate: the next turn's prompt template, one for every agent or one per agent (unset:
+    /// the agent's prompt, its answer so far and the others', and an invitation to improve it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template: Option<PerActor<String>>,
+    /// command: the program and its arguments.
+    pub command: Vec<String>,
+    /// command: environment variables the program gets besides PATH, HOME and LANG.
+    pub env: Vec<String>,
+    /// command: seconds to wait for each answer.
+    pub timeout_s: f64,
+}
+
+impl Default for TransitionConfig {
+    fn default() -> Self {
+        Self { kind: "debate".into(), template: None, command: Vec::new(), env: Vec::new(), timeout_s: 60.0 }
+    }
+}
+
 /// LoRA agents (off when the table is absent): each agent is its base model, frozen and shared in
 /// memory by the agents of one source, plus a low-rank adapter on the projections
 /// `target_modules` name, which is all that trains; its saved `agents/agent_i/` is a PEFT adapter

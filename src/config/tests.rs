@@ -70,14 +70,14 @@ fn each_rule_reports_its_message() {
         ("parallel_training = \"ddp\"", "parallel_training must be one of: none, mp."),
         ("parallel_training = \"MP\"", "parallel_training='mp' requires agent_devices."),
         ("reference_kl_coef = -0.1", "reference_kl_coef must be >= 0."),
-        ("num_turns = 2", "MADPO currently supports num_turns=1 only."),
+        ("num_turns = 2", "num_turns = 2 needs a [transition] table"),
         ("preference_num_candidates = 1", "preference_num_candidates must be >= 2."),
         ("preference_pairs_per_sample = 0", "preference_pairs_per_sample must be null or >= 1."),
         ("dpo_beta = 0.0", "dpo_beta must be > 0."),
         ("environment_steps_per_pair = 0", "environment_steps_per_pair must be >= 1."),
         ("pair_selection = \"best\"", "pair_selection must be one of: reward_gap, all, random."),
         ("pair_selection = \"all\"", "preference_pairs_per_sample must be null when pair_selection='all'."),
-        ("joint_mode = \"cross\"", "joint_mode must be 'aligned'"),
+        ("joint_mode = \"crossed\"", "joint_mode must be 'aligned' or 'cross'."),
         ("advantage_mode = \"median\"", "advantage_mode must be one of: mean, raw, max, rloo."),
         ("max_new_tokens = 0", "max_new_tokens must be >= 1."),
         ("max_new_tokens = [64, 0]", "max_new_tokens must be >= 1."),
@@ -449,4 +449,38 @@ fn keep_best_tolerance_is_a_number_of_standard_errors() {
     assert_eq!(plain.keep_best_tolerance, 0.0);
     assert!(!plain.to_toml().contains("keep_best_tolerance"));
     assert!(load(base, &["keep_best_tolerance=2"]).unwrap().to_toml().contains("keep_best_tolerance = 2"));
+}
+
+/// The multi-turn keys: what a stage that runs one turn refuses, and the `[transition]` table's
+/// rules.
+#[test]
+fn multi_turn_keys_are_checked_and_single_turn_stages_refuse_them() {
+    let debate = "num_turns = 2\n[transition]\nkind = \"debate\"\n";
+    let c = load(debate, &[]).unwrap();
+    let turns = c.turns().unwrap();
+    assert_eq!(turns.num_turns, 2);
+    assert!(matches!(&turns.transition, TransitionSpec::Debate(t) if t[0] == DEFAULT_DEBATE_TEMPLATE));
+    assert_eq!(turns.history_reward, HistoryReward::Last);
+    assert!(c.single_turn("collect").unwrap_err().0.contains("`pbrl collect` runs single-turn discussions only"));
+    assert!(c.madpo().unwrap_err().0.contains("train-madpo"));
+    assert!(load(&format!("{debate}"), &["rl_algorithm=\"iac\""]).unwrap().marlhf_turns().is_err());
+    assert!(load("", &[]).unwrap().turns().is_none(), "one turn");
+    for (text, msg) in [
+        ("num_turns = 2\ndiscount = 0.9\n[transition]\n", "discount = 0.9: multi-turn returns are undiscounted"),
+        ("history_reward = \"max\"", "history_reward must be \"last\" or \"sum\"."),
+        ("rl_reward = \"oracle\"", "rl_reward must be \"reward_model\" or \"task\"."),
+        ("[transition]\nkind = \"chat\"", "transition.kind = \"chat\": give \"debate\" or \"command\""),
+        ("[transition]\nkind = \"command\"", "transition kind = \"command\" needs transition.command"),
+        ("[transition]\ntemplate = [\"a\"]", "transition.template has 1 entries but there are 2 actors"),
+        ("[transition]\ncommand = [\"x\"]", "transition.command and transition.env belong to kind = \"command\""),
+        ("[transition]\ntimeout_s = 0.0", "transition.timeout_s must be a positive number"),
+        ("early_termination_threshold = \"low\"", "give a number, or \"none\""),
+    ] {
+        let m = message(text, &[]);
+        assert!(m.contains(msg), "{text}: {m}");
+    }
+    let none = load(&format!("early_termination_threshold = \"none\"\n{debate}"), &[]).unwrap();
+    assert_eq!(none.early_termination_threshold, Some(Threshold::Never));
+    let cross = load("joint_mode = \"cross\"", &[]).unwrap();
+    assert!(cross.single_turn("collect").unwrap_err().0.contains("cross joint actions"));
 }

@@ -242,6 +242,7 @@ impl Config {
     }
 
     pub fn madpo(&self) -> Result<MadpoConfig, ConfigError> {
+        self.single_turn("train-madpo")?;
         Ok(MadpoConfig {
             training: self.training()?,
             replay: self.replay(),
@@ -260,6 +261,7 @@ impl Config {
     }
 
     pub fn reward_fit(&self) -> Result<RewardFitConfig, ConfigError> {
+        self.single_turn("fit-rm")?;
         let (source, device) = self.reward_model_source()?;
         Ok(RewardFitConfig {
             training: self.training()?,
@@ -285,6 +287,7 @@ impl Config {
     }
 
     pub fn marlhf(&self) -> Result<MarlhfConfig, ConfigError> {
+        self.marlhf_turns()?;
         let n = self.num_actors();
         let agent_devices = DeviceSpec::resolve(self.agent_devices.as_ref(), n, "agent_devices")?;
         let critic_devices = match &self.critic_devices {
@@ -393,6 +396,7 @@ impl Config {
     }
 
     pub fn compare(&self) -> Result<CompareConfig, ConfigError> {
+        self.single_turn("iterate")?;
         Ok(CompareConfig {
             collect: self.collect(),
             team: self.team()?,

@@ -169,3 +169,40 @@ impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for PerActor<T> {
         }
     }
 }
+
+/// `early_termination_threshold`: a number, or "none" for no early termination.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Threshold {
+    At(f64),
+    Never,
+}
+
+impl Threshold {
+    /// The threshold a branch's mean reward must exceed to end, if any.
+    pub fn value(self) -> Option<f64> {
+        match self {
+            Threshold::At(t) => Some(t),
+            Threshold::Never => None,
+        }
+    }
+}
+
+impl Serialize for Threshold {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Threshold::At(t) => s.serialize_f64(*t),
+            Threshold::Never => s.serialize_str("none"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Threshold {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match toml::Value::deserialize(d)? {
+            toml::Value::Float(t) => Ok(Threshold::At(t)),
+            toml::Value::Integer(t) => Ok(Threshold::At(t as f64)),
+            toml::Value::String(w) if matches!(w.to_lowercase().as_str(), "none" | "null" | "") => Ok(Threshold::Never),
+            other => Err(serde::de::Error::custom(format!("invalid value `{other}` (give a number, or \"none\")"))),
+        }
+    }
+}

@@ -167,7 +167,6 @@ impl EvalHistory {
 impl PastEval {
     /// From a report's JSON; fields a report of an older pbrl lacks read as unknown.
     fn of(v: &serde_json::Value) -> Self {
-        let metric = |k: &str| v["metrics"][k].as_f64().unwrap_or(f64::NAN);
         let mut item_means: Vec<(String, f64, usize)> = Vec::new();
         for r in v["items"].as_array().into_iter().flatten() {
             let (item, reward) = (r["item"].to_string(), r["reward"].as_f64().unwrap_or(f64::NAN));
@@ -182,12 +181,23 @@ impl PastEval {
         }
         Self {
             team: v["team"].as_str().unwrap_or("?").to_string(),
-            reward_mean: metric("eval/turn_1/reward_mean"),
-            reward_stderr: metric("eval/turn_1/reward_stderr"),
+            // A multi-turn evaluation's headline is the history's score.
+            reward_mean: headline(v, "mean"),
+            reward_stderr: headline(v, "stderr"),
             item_means: item_means.into_iter().map(|(i, s, n)| (i, s / n as f64)).collect(),
             samples_per_item: v["samples_per_item"].as_u64().unwrap_or(0),
         }
     }
+}
+
+/// An eval report's reward `stat` ("mean", "stderr"): the history score's
+/// (`eval/history_reward_*`) in a multi-turn report, else `eval/turn_1/reward_*`.
+fn headline(report: &serde_json::Value, stat: &str) -> f64 {
+    let m = &report["metrics"];
+    m[format!("eval/history_reward_{stat}")]
+        .as_f64()
+        .or_else(|| m[format!("eval/turn_1/reward_{stat}")].as_f64())
+        .unwrap_or(f64::NAN)
 }
 
 /// A report's place in time: its timestamp, then its `-k` suffix (`eval-T.json` before `eval-T-2.json`).

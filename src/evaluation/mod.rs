@@ -4,6 +4,9 @@
 //! `pbrl eval` and `iterate` through `history.rs` (`evaluate_run`: a team of the run directory,
 //! recorded there; `EvalHistory`: the run directory's evaluations read back).
 mod history;
+mod turns;
+
+pub use turns::TurnRewards;
 
 pub use history::{evaluate_round, evaluate_run, EvalHistory, PastEval, RunEvaluation};
 
@@ -70,6 +73,9 @@ pub struct Evaluation {
     /// share a prompt); 0 with a single item.
     pub reward_stderr: f64,
     pub tokens: usize,
+    /// A multi-turn evaluation's rewards turn by turn (`rewards` then holds each history's
+    /// score, `history_reward`).
+    pub turn_rewards: Option<TurnRewards>,
 }
 
 impl Evaluation {
@@ -109,8 +115,11 @@ impl Evaluation {
     /// length.
     pub fn metrics(&self) -> serde_json::Value {
         let mean = self.reward_mean();
-        let mut m = json!({"eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean,
-            "eval/turn_1/reward_stderr": self.reward_stderr});
+        let mut m = match &self.turn_rewards {
+            None => json!({"eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean,
+                "eval/turn_1/reward_stderr": self.reward_stderr}),
+            Some(turns) => turns.metrics(mean, self.reward_stderr),
+        };
         for (a, chars) in self.response_chars_mean().iter().enumerate() {
             m[format!("eval/agent_{a}/response_chars_mean")] = json!(chars);
         }
@@ -130,6 +139,9 @@ pub fn evaluate(
     oracle: &mut Oracle,
     stream: u64,
 ) -> Result<Evaluation> {
+    if let Some(turns) = &cfg.turns {
+        return turns::evaluate_discussions(cfg, turns, team, items, oracle, stream);
+    }
     check_fits(team, items, &cfg.max_new_tokens(), cfg.rows, "eval")?;
     let params = &cfg.sampling;
     let k = cfg.samples_per_item;
@@ -167,7 +179,7 @@ pub fn evaluate(
     }
     bar.finish_and_clear();
     let reward_stderr = stderr_over_items(&rewards, k);
-    let out = Evaluation { records, rewards, reward_stderr, tokens: generated };
+    let out = Evaluation { records, rewards, reward_stderr, tokens: generated, turn_rewards: None };
     let mean = out.reward_mean();
     if !(mean.is_finite() && reward_stderr.is_finite()) {
         bail!(

@@ -48,6 +48,7 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     if path.exists() && !opts.force {
         bail!("{} exists; pass --force to replace it, or --round N for another round", path.display());
     }
+    cfg.single_turn("collect")?;
     let collect = cfg.collect();
     let spec = RoundSpec::of(&collect, round, 0);
     let mut scorer = Scorer::Oracle(Oracle::new(&cfg.oracle())?);

@@ -25,13 +25,32 @@ pub fn run(cfg: &Config, run_dir: &RunDir, members: &Members, full_table: bool) 
     let records = &run.evaluation.records;
     let (mean, stderr) = (run.mean(), run.evaluation.reward_stderr);
     print_table(records, cfg.eval_samples_per_item as usize, if full_table { records.len() } else { EXAMPLE_ROWS });
-    println!("eval/turn_1/reward_mean     {mean:.4}");
-    println!("eval/turn_1/expected_return {mean:.4}");
-    println!(
-        "eval/turn_1/reward_stderr   {stderr:.4}  ({} items x {} samples)",
-        run.item_means.len(),
-        cfg.eval_samples_per_item
-    );
+    let shape = format!("({} items x {} samples)", run.item_means.len(), cfg.eval_samples_per_item);
+    match run.evaluation.turn_rewards.is_some() {
+        false => {
+            println!("eval/turn_1/reward_mean     {mean:.4}");
+            println!("eval/turn_1/expected_return {mean:.4}");
+            println!("eval/turn_1/reward_stderr   {stderr:.4}  {shape}");
+        }
+        true => {
+            let m = run.evaluation.metrics();
+            let at = |k: String| m[k].as_f64().unwrap_or(f64::NAN);
+            for t in 1..=cfg.num_turns {
+                println!(
+                    "eval/turn_{t}/reward_mean     {:.4} ± {:.4}  (expected_return {:.4})",
+                    at(format!("eval/turn_{t}/reward_mean")),
+                    at(format!("eval/turn_{t}/reward_stderr")),
+                    at(format!("eval/turn_{t}/expected_return"))
+                );
+            }
+            println!("eval/history_reward_mean  {mean:.4} ± {stderr:.4}  ({}) {shape}", cfg.history_reward);
+            println!(
+                "last turn over the first   {:+.4} ± {:.4}  (paired by prompt)",
+                at("eval/last_over_first_mean".into()),
+                at("eval/last_over_first_stderr".into())
+            );
+        }
+    }
     println!("report: {}", run.path.display());
     if let Some(gain) = run.history.gain_over_first() {
         println!(
@@ -43,6 +62,21 @@ pub fn run(cfg: &Config, run_dir: &RunDir, members: &Members, full_table: bool) 
         );
     }
     Ok(run)
+}
+
+/// Each role's completion as a table cell: its length and opening.
+fn cells(completions: &serde_json::Value) -> String {
+    let cells: Vec<String> = completions
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let s = c.as_str().unwrap_or("");
+            let head: String = s.chars().take(28).collect::<String>().replace('\n', " ");
+            format!("{:>4} {head:<28}", s.chars().count())
+        })
+        .collect();
+    cells.join(" | ")
 }
 
 /// Joint responses `pbrl eval` prints without `--table`.
@@ -58,16 +92,12 @@ fn print_table(records: &[serde_json::Value], samples_per_item: usize, rows: usi
         } else {
             i.to_string()
         };
-        let comps = r["completions"].as_array().cloned().unwrap_or_default();
-        let cells: Vec<String> = comps
-            .iter()
-            .map(|c| {
-                let s = c.as_str().unwrap_or("");
-                let head: String = s.chars().take(28).collect::<String>().replace('\n', " ");
-                format!("{:>4} {head:<28}", s.chars().count())
-            })
-            .collect();
-        println!("{label:>6}  {:>8.4}  {}", r["reward"].as_f64().unwrap_or(f64::NAN), cells.join(" | "));
+        println!("{label:>6}  {:>8.4}  {}", r["reward"].as_f64().unwrap_or(f64::NAN), cells(&r["completions"]));
+        // A discussion: each turn's joint response and reward.
+        for (t, turn) in r["turns"].as_array().into_iter().flatten().enumerate() {
+            let reward = turn["reward"].as_f64().unwrap_or(f64::NAN);
+            println!("{:>6}  {reward:>8.4}  {}", format!("t{}", t + 1), cells(&turn["completions"]));
+        }
     }
     if records.len() > rows {
         println!("   ...  {} more in the report (`--table` prints them all)", records.len() - rows);

@@ -1,8 +1,10 @@
 //! Task items, prompt templates, and the task reward.
 pub mod command;
 pub mod configured;
+pub mod process;
 pub mod reward;
 pub mod split;
+pub mod transition;
 
 use std::path::Path;
 

@@ -4,6 +4,7 @@
 //! and the centralized joint prompt, `rollout.rs` the one function that samples the team's
 //! joint responses.
 pub mod collab;
+pub mod discussion;
 pub mod rollout;
 
 use anyhow::{bail, Context, Result};
@@ -49,6 +50,41 @@ impl Agent {
     /// uses chat templates (no system prompt).
     pub fn format_user_prompt(&self, user: &str) -> Result<String> {
         self.model.tokenizer.format_prompt(self.chat_template, None, user)
+    }
+
+    /// The user message this actor is given at a later turn of a discussion of `item`, from the
+    /// text the transition wrote for it: that text standing in the item's `prompt` under the
+    /// actor's template (as the reference's formatter reads a transition's prompt), or, with
+    /// `passthrough` (`external_prompt_passthrough`), that text as it is.
+    pub fn turn_message(&self, item: &TaskItem, transition: &str, passthrough: bool) -> Result<String> {
+        match &self.recipe {
+            PromptRecipe::Role { .. } if passthrough => Ok(transition.to_string()),
+            PromptRecipe::Role { template, .. } => {
+                let mut item = item.clone();
+                item.insert("prompt".into(), serde_json::Value::String(transition.to_string()));
+                render_template(template, &item).with_context(|| format!("agent {} prompt", self.index))
+            }
+            PromptRecipe::Joint { .. } => bail!("a centralized actor writes every role in one turn"),
+        }
+    }
+
+    /// The user message this actor is given at the first turn: its template on the item.
+    pub fn first_message(&self, item: &TaskItem) -> Result<String> {
+        match &self.recipe {
+            PromptRecipe::Role { template, .. } => {
+                render_template(template, item).with_context(|| format!("agent {} prompt", self.index))
+            }
+            PromptRecipe::Joint { .. } => bail!("a centralized actor writes every role in one turn"),
+        }
+    }
+
+    /// A user message as this actor is given it: its system prompt and chat template around it.
+    pub fn chat_prompt(&self, user: &str) -> Result<String> {
+        let system = match &self.recipe {
+            PromptRecipe::Role { system_prompt, .. } => system_prompt.as_deref(),
+            PromptRecipe::Joint { .. } => None,
+        };
+        self.model.tokenizer.format_prompt(self.chat_template, system, user)
     }
 
     /// The exact text this actor is given for an item: its template(s), then the chat template.

@@ -20,14 +20,19 @@ pub fn training_plot(run_dir: &RunDir, stage: &str) -> Result<String> {
     let mut eval_stderr: std::collections::BTreeMap<u64, f64> = Default::default();
     for v in lines[start..].iter().filter(mine).filter(|v| v.get("event").is_none()) {
         let Some(update) = v["update"].as_u64() else { continue };
+        // A multi-turn evaluation's reward is its histories' score; one turn's, turn 1's.
+        let (mean_key, stderr_key) = match v.get("eval/history_reward_mean") {
+            Some(_) => ("eval/history_reward_mean", "eval/history_reward_stderr"),
+            None => ("eval/turn_1/reward_mean", "eval/turn_1/reward_stderr"),
+        };
         for (k, x) in v.as_object().into_iter().flatten() {
             let Some(x) = x.as_f64() else { continue };
             let (quantity, series) = match k.as_str() {
-                "eval/turn_1/reward_stderr" => {
+                k if k == stderr_key => {
                     eval_stderr.insert(update, x);
                     continue;
                 }
-                "eval/turn_1/reward_mean" => (EVAL_REWARD.to_string(), "reward".to_string()),
+                k if k == mean_key => (EVAL_REWARD.to_string(), "reward".to_string()),
                 k if k.starts_with("eval/agent_") => {
                     let (agent, what) = k["eval/".len()..].split_once('/').unwrap_or((k, ""));
                     (format!("eval {}", what.replace('_', " ")), agent.to_string())

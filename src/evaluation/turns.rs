@@ -1,0 +1,148 @@
+//! The evaluation of multi-turn discussions (CoMLRL 1.4.3's `MAGRPOTrainer.evaluate`): each
+//! sample of an item is one branch of a discussion, every agent answering once per turn, the
+//! transition writing the next turn's prompts from that branch; the task reward scores each
+//! turn's joint response. Early termination does not apply: every discussion runs all turns.
+//!
+//! Turn 1 draws from the one-turn evaluation's streams, so its rewards are what a one-turn
+//! evaluation of the same team gives; later turns from streams of their own. Every turn samples
+//! all branches of a batch in one call per actor.
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+
+use super::{eval_seed, stderr_over_items, Evaluation};
+use crate::algo::trend::{item_means, paired_gain};
+use crate::config::{EvalConfig, TransitionSpec, TurnsConfig};
+use crate::oracle::Oracle;
+use crate::progress;
+use crate::rng::{derive_seed, purpose};
+use crate::task::transition::{Branch, Transition};
+use crate::task::TaskItem;
+use crate::team::discussion::{check_discussion_fits, check_prompt_fits, next_turn};
+use crate::team::rollout::{rollout, rollout_prompts};
+use crate::team::Agent;
+
+/// A multi-turn evaluation's rewards: `rewards[t][r]`, record r's reward at turn t + 1.
+#[derive(Debug, Clone)]
+pub struct TurnRewards {
+    pub rewards: Vec<Vec<f64>>,
+    pub samples_per_item: usize,
+}
+
+impl TurnRewards {
+    /// The reference's per-turn metrics (`eval/turn_t/reward_mean`, `eval/turn_t/expected_return`:
+    /// the mean undiscounted sum of the rewards from turn t on), each turn's standard error over
+    /// items, the history score's mean and standard error, and the last turn's gain over the
+    /// first, paired by item.
+    pub fn metrics(&self, history_mean: f64, history_stderr: f64) -> Value {
+        let k = self.samples_per_item;
+        let mut m = json!({"eval/history_reward_mean": history_mean, "eval/history_reward_stderr": history_stderr});
+        let records = self.rewards.first().map_or(0, Vec::len);
+        for t in 0..self.rewards.len() {
+            let rewards = &self.rewards[t];
+            let to_go: Vec<f64> = (0..records).map(|r| self.rewards[t..].iter().map(|turn| turn[r]).sum()).collect();
+            m[format!("eval/turn_{}/reward_mean", t + 1)] = json!(crate::algo::trend::mean(rewards));
+            m[format!("eval/turn_{}/reward_stderr", t + 1)] = json!(stderr_over_items(rewards, k));
+            m[format!("eval/turn_{}/expected_return", t + 1)] = json!(crate::algo::trend::mean(&to_go));
+        }
+        if let (Some(first), Some(last)) = (self.rewards.first(), self.rewards.last()) {
+            let gain = paired_gain(&item_means(first, k), &item_means(last, k));
+            m["eval/last_over_first_mean"] = json!(gain.mean);
+            m["eval/last_over_first_stderr"] = json!(gain.se);
+        }
+        m
+    }
+}
+
+/// The seed of agent `agent`'s answer at turn `turn` (from 2) of sample `sample` of eval item
+/// `item`.
+fn turn_seed(stream: u64, item: usize, agent: usize, sample: usize, turn: usize) -> u64 {
+    derive_seed(stream, &[purpose::EVAL_TURN, item as u64, agent as u64, sample as u64, turn as u64])
+}
+
+/// Evaluate `team` on `items` in discussions of `turns.num_turns` turns.
+pub(super) fn evaluate_discussions(
+    cfg: &EvalConfig,
+    turns: &TurnsConfig,
+    team: &[Agent],
+    items: &[TaskItem],
+    oracle: &mut Oracle,
+    stream: u64,
+) -> Result<Evaluation> {
+    let max_new = cfg.max_new_tokens();
+    check_discussion_fits(team, items, &max_new, cfg.rows, "eval", turns)?;
+    let mut transition = Transition::of(&turns.transition)?;
+    let command = matches!(turns.transition, TransitionSpec::Command { .. });
+    let (params, k) = (&cfg.sampling, cfg.samples_per_item);
+    let bar = progress::bar(items.len() as u64, "eval");
+    let mut generated = 0usize;
+    let (mut records, mut rewards) = (Vec::new(), Vec::new());
+    let mut turn_rewards = vec![Vec::new(); turns.num_turns];
+    for (batch_idx, batch) in items.chunks(cfg.batch_items).enumerate() {
+        let first = batch_idx * cfg.batch_items;
+        let out = rollout(team, batch, k, params, |j, a, r| eval_seed(stream, first + j, a, r), |n| generated += n)?;
+        // Branch b is sample b % k of item b / k.
+        let mut branches = Vec::with_capacity(batch.len() * k);
+        let mut history: Vec<Vec<Value>> = Vec::with_capacity(batch.len() * k);
+        let mut scores: Vec<Vec<f64>> = Vec::with_capacity(batch.len() * k);
+        for (j, item) in batch.iter().enumerate() {
+            let users = team.iter().map(|a| a.first_message(item)).collect::<Result<Vec<_>>>()?;
+            let joints: Vec<Vec<String>> = (0..k).map(|s| out.texts(j, s)).collect();
+            let r = oracle.score(item, &out.prompts[j], &joints)?.processed;
+            for (s, joint) in joints.iter().enumerate() {
+                branches.push(Branch::default().then(&users, joint));
+                history.push(vec![json!({"prompts": out.prompts[j], "completions": joint, "reward": r[s]})]);
+                scores.push(vec![r[s]]);
+            }
+        }
+        for turn in 2..=turns.num_turns {
+            let mut users = Vec::with_capacity(branches.len());
+            let mut texts = vec![Vec::with_capacity(branches.len()); team.len()];
+            for (b, branch) in branches.iter().enumerate() {
+                let (j, item) = (b / k, &batch[b / k]);
+                let (u, prompts) = next_turn(team, &mut transition, turns.passthrough, item, first + j, branch)?;
+                for (a, p) in prompts.into_iter().enumerate() {
+                    if command {
+                        let ids = team[a].model.tokenizer.encode(&p)?.len();
+                        check_prompt_fits(&team[a], ids, max_new[a], &format!("eval item {}, turn {turn}", first + j))?;
+                    }
+                    texts[a].push(p);
+                }
+                users.push(u);
+            }
+            let seed = |b: usize, a: usize, _: usize| turn_seed(stream, first + b / k, a, b % k, turn);
+            let out = rollout_prompts(team, &texts, 1, params, seed, |n| generated += n)?;
+            for (b, branch) in branches.iter_mut().enumerate() {
+                let joint = out.texts(b, 0);
+                let r = oracle.score(&batch[b / k], &out.prompts[b], std::slice::from_ref(&joint))?.processed[0];
+                history[b].push(json!({"prompts": out.prompts[b], "completions": joint, "reward": r}));
+                scores[b].push(r);
+                *branch = branch.then(&users[b], &joint);
+            }
+        }
+        for (b, (turns_of, score)) in history.into_iter().zip(&scores).enumerate() {
+            let (j, s) = (b / k, b % k);
+            if let Some(bad) = score.iter().find(|r| !r.is_finite()) {
+                bail!("the reward of eval item {} (sample {s}) is not finite ({bad})", first + j);
+            }
+            let total = turns.history_reward.score(score);
+            score.iter().enumerate().for_each(|(t, r)| turn_rewards[t].push(*r));
+            rewards.push(total);
+            let last = turns_of.last().cloned().unwrap_or_default();
+            records.push(json!({"item": batch[j], "sample": s, "prompts": last["prompts"],
+                "completions": last["completions"], "reward": total, "turns": turns_of}));
+        }
+        bar.inc(batch.len() as u64);
+    }
+    bar.finish_and_clear();
+    let reward_stderr = stderr_over_items(&rewards, k);
+    let turn_rewards = Some(TurnRewards { rewards: turn_rewards, samples_per_item: k });
+    let out = Evaluation { records, rewards, reward_stderr, tokens: generated, turn_rewards };
+    let mean = out.reward_mean();
+    if !(mean.is_finite() && reward_stderr.is_finite()) {
+        bail!(
+            "the eval rewards overflow when averaged (mean {mean}, standard error {reward_stderr}); lower reward.scale \
+             / reward.shift"
+        );
+    }
+    Ok(out)
+}
