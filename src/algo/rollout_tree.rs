@@ -184,6 +184,11 @@ impl Buffers {
         self.held.first().map_or(0, Vec::len)
     }
 
+    /// The nodes the held samples come from.
+    pub fn held_nodes(&self) -> std::collections::HashSet<usize> {
+        self.held.iter().flatten().map(|s| s.node).collect()
+    }
+
     /// Add a tree's samples (in [`tree_samples`]' order); returns the batches drained on the way,
     /// in the order they are trained on.
     pub fn push(&mut self, samples: Vec<NodeSample>) -> Vec<TurnBatch> {

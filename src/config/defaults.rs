@@ -125,3 +125,26 @@ impl Default for Config {
         }
     }
 }
+
+/// The reference's iterative defaults (MADPOIterConfig; MARLHFIterConfig's with `marlhf`), which
+/// `pbrl iterate` takes for the keys its config leaves unset.
+pub(super) fn iterative_defaults(marlhf: bool) -> Vec<(&'static str, toml::Value)> {
+    let mut keys = vec![
+        ("num_train_epochs", toml::Value::Integer(if marlhf { 2 } else { 1 })),
+        ("preference_num_candidates", toml::Value::Integer(20)),
+        ("preference_pairs_per_sample", toml::Value::Integer(4)),
+        ("pair_selection", toml::Value::String("comparator_reward".into())),
+    ];
+    if marlhf {
+        keys.push(("reward_num_train_epochs", toml::Value::Integer(2)));
+    }
+    keys
+}
+
+pub(super) fn is_last(s: &str) -> bool {
+    s == "last"
+}
+
+pub(super) fn is_reward_model(s: &str) -> bool {
+    s == "reward_model"
+}

@@ -44,6 +44,7 @@ pub use tables::{
 pub use trainers::{
     ApiConfig, CollectConfig, ComparatorConfig, CompareConfig, CriticConfig, EvaluationConfig, FingerprintConfig,
     MadpoConfig, MarlhfConfig, ReplayConfig, RewardFitConfig, RoundTraining, TrainingConfig,
+    REFERENCE_TERMINATION_THRESHOLD,
 };
 pub use values::{DeviceSpec, EvalSplit, PerActor, Threshold, TokenLimit};
 
@@ -222,12 +223,12 @@ pub struct Config {
     /// A multi-turn joint history's score where one number stands for it (preferences, the
     /// evaluation's reward): "last" (its last turn's reward, the default: a discussion is worth
     /// what it concludes) or "sum" (over its turns).
-    #[serde(skip_serializing_if = "is_last")]
+    #[serde(skip_serializing_if = "defaults::is_last")]
     pub history_reward: String,
     /// What `train-marlhf` maximizes: "reward_model" (the joint reward model `fit-rm` fitted:
     /// MARLHF) or "task" (the task reward itself, as CoMLRL's MAGRPOTrainer does: the baseline a
     /// preference-trained team is compared with; no reward model needed).
-    #[serde(skip_serializing_if = "is_reward_model")]
+    #[serde(skip_serializing_if = "defaults::is_reward_model")]
     pub rl_reward: String,
     /// Evaluate during training every this many updates (0: only at the end).
     pub eval_interval: i64,
@@ -428,29 +429,6 @@ pub struct Config {
     pub transition: Option<TransitionConfig>,
 }
 
-fn is_last(s: &str) -> bool {
-    s == "last"
-}
-
-fn is_reward_model(s: &str) -> bool {
-    s == "reward_model"
-}
-
-/// The reference's iterative defaults (MADPOIterConfig; MARLHFIterConfig's with `marlhf`), which
-/// `pbrl iterate` takes for the keys its config leaves unset.
-fn iterative_defaults(marlhf: bool) -> Vec<(&'static str, toml::Value)> {
-    let mut keys = vec![
-        ("num_train_epochs", toml::Value::Integer(if marlhf { 2 } else { 1 })),
-        ("preference_num_candidates", toml::Value::Integer(20)),
-        ("preference_pairs_per_sample", toml::Value::Integer(4)),
-        ("pair_selection", toml::Value::String("comparator_reward".into())),
-    ];
-    if marlhf {
-        keys.push(("reward_num_train_epochs", toml::Value::Integer(2)));
-    }
-    keys
-}
-
 impl Config {
     /// Read a config file, apply the overrides, fill defaults, normalize and validate.
     pub fn load(path: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
@@ -489,7 +467,7 @@ impl Config {
                 .get("algorithm")
                 .and_then(|a| a.as_str())
                 .is_some_and(|a| a.trim().eq_ignore_ascii_case("marlhf"));
-            for (key, value) in iterative_defaults(marlhf) {
+            for (key, value) in defaults::iterative_defaults(marlhf) {
                 table.entry(key).or_insert(value);
             }
         }

@@ -3,7 +3,8 @@
 //! [`Config`], [`TaskConfig`], [`RewardConfig`] and [`AgentLora`] with its doc comment and its default, grouped
 //! by the `// --- section ---` comments of the struct. A test (`config::tests`) fails when the
 //! file is stale; `PBRL_BLESS=1 cargo test --lib config_reference` rewrites it.
-use super::{iterative_defaults, AgentLora, ComputeDType, Config, RewardConfig, TaskConfig, TransitionConfig};
+use super::defaults::iterative_defaults;
+use super::{AgentLora, ComputeDType, Config, RewardConfig, TaskConfig, TransitionConfig};
 
 /// The sources the reference is read from: the flat keys, then the tables.
 const SOURCES: [&str; 2] = [include_str!("mod.rs"), include_str!("tables.rs")];

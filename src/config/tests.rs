@@ -463,7 +463,7 @@ fn multi_turn_keys_are_checked_and_single_turn_stages_refuse_them() {
     assert_eq!(turns.history_reward, HistoryReward::Last);
     assert!(c.single_turn("collect").unwrap_err().0.contains("`pbrl collect` runs single-turn discussions only"));
     assert!(c.madpo().unwrap_err().0.contains("train-madpo"));
-    assert!(load(&format!("{debate}"), &["rl_algorithm=\"iac\""]).unwrap().marlhf_turns().is_err());
+    assert!(load(debate, &["rl_algorithm=\"iac\""]).unwrap().marlhf_turns().is_err());
     assert!(load("", &[]).unwrap().turns().is_none(), "one turn");
     for (text, msg) in [
         ("num_turns = 2\ndiscount = 0.9\n[transition]\n", "discount = 0.9: multi-turn returns are undiscounted"),

@@ -6,7 +6,7 @@ use pbrl_model::SamplingParams;
 
 use super::{
     AgentLora, ApiFormat, BaseDType, ComparatorPolicy, Config, ConfigError, DeviceSpec, EvalConfig, MarlhfBackend,
-    OracleConfig, PairSelection, ReplayMode, RewardHeadKind, SessionConfig, SplitConfig, TeamConfig,
+    OracleConfig, PairSelection, ReplayMode, RewardHeadKind, SessionConfig, SplitConfig, TeamConfig, TurnsConfig,
 };
 
 /// Which stored pairs a training reads (`prefs::replay`): the replay mode, the sample of it, the
@@ -134,7 +134,19 @@ pub struct MarlhfConfig {
     pub max_new_tokens: Vec<usize>,
     pub sampling: Vec<SamplingParams>,
     pub critic: CriticConfig,
+    /// `rl_reward = "task"`: RL on the task reward itself, no reward model.
+    pub task_reward: bool,
+    /// More than one turn (the discussion's transition and turns).
+    pub turns: Option<TurnsConfig>,
+    /// `joint_mode = "cross"`: every combination of the agents' completions is a joint action.
+    pub cross: bool,
+    /// The mean node reward above which a branch ends (`early_termination_threshold`; unset:
+    /// the reference's -0.2; `None`: never).
+    pub early_termination: Option<f64>,
 }
+
+/// The MAGRPO trainer's default `early_termination_threshold` (CoMLRL 1.4.3).
+pub const REFERENCE_TERMINATION_THRESHOLD: f64 = -0.2;
 
 /// The comparator API's settings (`sources::api`); the key is read from its variable when the
 /// source is built, never stored here.
@@ -320,6 +332,13 @@ impl Config {
                 q_critic: self.modes.q_critic,
                 value_loss_coef: self.value_loss_coef,
                 value_clip_range: self.value_clip_range,
+            },
+            task_reward: self.rl_reward == "task",
+            turns: self.turns(),
+            cross: self.joint_mode == "cross",
+            early_termination: match self.early_termination_threshold {
+                None => Some(REFERENCE_TERMINATION_THRESHOLD),
+                Some(t) => t.value(),
             },
         })
     }

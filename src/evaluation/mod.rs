@@ -178,16 +178,30 @@ pub fn evaluate(
         }
     }
     bar.finish_and_clear();
-    let reward_stderr = stderr_over_items(&rewards, k);
-    let out = Evaluation { records, rewards, reward_stderr, tokens: generated, turn_rewards: None };
-    let mean = out.reward_mean();
-    if !(mean.is_finite() && reward_stderr.is_finite()) {
-        bail!(
-            "the eval rewards overflow when averaged (mean {mean}, standard error {reward_stderr}); lower reward.scale \
-             / reward.shift"
-        );
+    Evaluation::of(records, rewards, k, generated, None)
+}
+
+impl Evaluation {
+    /// The evaluation of these records and rewards (item-major, `k` samples per item), refused
+    /// when their mean or its standard error overflows.
+    fn of(
+        records: Vec<serde_json::Value>,
+        rewards: Vec<f64>,
+        k: usize,
+        tokens: usize,
+        turn_rewards: Option<TurnRewards>,
+    ) -> Result<Self> {
+        let reward_stderr = stderr_over_items(&rewards, k);
+        let out = Evaluation { records, rewards, reward_stderr, tokens, turn_rewards };
+        let mean = out.reward_mean();
+        if !(mean.is_finite() && reward_stderr.is_finite()) {
+            bail!(
+                "the eval rewards overflow when averaged (mean {mean}, standard error {reward_stderr}); lower \
+                 reward.scale / reward.shift"
+            );
+        }
+        Ok(out)
     }
-    Ok(out)
 }
 
 /// The evaluation during a training: its items, their reward, its settings and the seed of its

@@ -134,15 +134,6 @@ pub(super) fn evaluate_discussions(
         bar.inc(batch.len() as u64);
     }
     bar.finish_and_clear();
-    let reward_stderr = stderr_over_items(&rewards, k);
     let turn_rewards = Some(TurnRewards { rewards: turn_rewards, samples_per_item: k });
-    let out = Evaluation { records, rewards, reward_stderr, tokens: generated, turn_rewards };
-    let mean = out.reward_mean();
-    if !(mean.is_finite() && reward_stderr.is_finite()) {
-        bail!(
-            "the eval rewards overflow when averaged (mean {mean}, standard error {reward_stderr}); lower reward.scale \
-             / reward.shift"
-        );
-    }
-    Ok(out)
+    Evaluation::of(records, rewards, k, generated, turn_rewards)
 }

@@ -221,3 +221,51 @@ pub fn restore(path: &Path, agents: &[&LoadedModel], optims: &mut [impl Optimize
     }
     Ok(progress)
 }
+
+/// The newest checkpoint's state, refused when it was written under another setup or belongs to
+/// a run that finished (unless more epochs are asked for, which extends it).
+pub fn resume(
+    state_dir: &Path,
+    models: &[&LoadedModel],
+    optims: &mut [impl OptimizerState],
+    now: Progress,
+) -> Result<Progress> {
+    let (num, path) = list(state_dir)?
+        .pop()
+        .with_context(|| format!("--resume: no checkpoint in {}", checkpoints_dir(state_dir).display()))?;
+    let saved = read_progress(&path)?;
+    let finished = finished(state_dir)?;
+    if let Some(f) = &finished {
+        if now.num_train_epochs <= f.epochs {
+            bail!(
+                "--resume: the training run in {} finished ({} epochs), so there is nothing to resume; train without \
+                 --resume to start over, or raise the number of epochs to extend it",
+                state_dir.display(),
+                f.epochs
+            );
+        }
+    }
+    let changed = saved.fingerprint.differences(&now.fingerprint);
+    if !changed.is_empty() {
+        bail!(
+            "--resume: checkpoint-{num} was written under a different setup ({}); train without --resume to start over",
+            changed.join("; ")
+        );
+    }
+    let mut progress = restore(&path, models, optims)?;
+    if progress.rounds != now.rounds || progress.num_pairs != now.num_pairs {
+        bail!(
+            "checkpoint-{num} was trained on rounds {:?} ({} pairs), not on the selected rounds {:?} ({} pairs)",
+            progress.rounds,
+            progress.num_pairs,
+            now.rounds,
+            now.num_pairs
+        );
+    }
+    (progress.fingerprint, progress.num_train_epochs) = (now.fingerprint, now.num_train_epochs);
+    if let Some(f) = finished {
+        println!("extending the finished {}-epoch run to {} epochs", f.epochs, progress.num_train_epochs);
+    }
+    println!("resuming from checkpoint-{num} after epoch {}", progress.epoch);
+    Ok(progress)
+}

@@ -93,7 +93,7 @@ impl Transition {
             Transition::Command(process) => {
                 let request =
                     json!({"item": item, "turn": turn, "prompts": branch.prompts, "responses": branch.responses});
-                let reply = process.request(&request)?;
+                let reply = process.request(&request).with_context(|| format!("item {item_index}, turn {turn}"))?;
                 #[derive(Deserialize)]
                 struct Reply {
                     prompts: Vec<String>,

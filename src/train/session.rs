@@ -115,6 +115,13 @@ impl SessionSetup {
 
 pub use super::summary::TrainingSummary;
 
+/// The sizes of a session's batches: one size, or what a function of the examples left in the
+/// epoch gives before each batch.
+pub enum Batches<'f> {
+    Fixed(usize),
+    Dynamic(&'f mut dyn FnMut(usize) -> usize),
+}
+
 pub struct Session<'a> {
     config: SessionConfig,
     run_dir: &'a RunDir,
@@ -225,7 +232,7 @@ impl<'a> Session<'a> {
         };
         let state_dir = plan.state_dir;
         if resume {
-            progress = resume_from_checkpoint(&state_dir, &plan.models, &mut optims, progress)?;
+            progress = checkpoint::resume(&state_dir, &plan.models, &mut optims, progress)?;
             rng.set_word_pos(progress.rng_word_pos);
         } else {
             checkpoint::start_fresh(&state_dir)?;
@@ -274,23 +281,50 @@ impl<'a> Session<'a> {
         &mut self,
         num_examples: usize,
         batch_size: usize,
+        step: impl FnMut(&mut Step, &[usize], &mut Value) -> Result<()>,
+    ) -> Result<()> {
+        self.run_batches(num_examples, Batches::Fixed(batch_size), step)
+    }
+
+    /// [`Session::run`] with batches whose sizes `next_size` gives from the examples left in the
+    /// epoch (multi-turn RL: as many items as fit before a rollout buffer drains). The learning
+    /// rate's schedule then follows the share of the examples done, as it follows the updates
+    /// done for batches of one size.
+    pub fn run_batches(
+        &mut self,
+        num_examples: usize,
+        mut sizes: Batches,
         mut step: impl FnMut(&mut Step, &[usize], &mut Value) -> Result<()>,
     ) -> Result<()> {
         let epochs = self.epochs;
-        let batches = num_examples.div_ceil(batch_size) as u64;
+        // Batches of one size: the updates are known (`batches` per epoch); else the examples.
+        let (sized, fixed) = match sizes {
+            Batches::Fixed(b) => (true, b),
+            Batches::Dynamic(_) => (false, 0),
+        };
+        let batches = if sized { num_examples.div_ceil(fixed) as u64 } else { num_examples as u64 };
         let bar = progress::bar((epochs - self.progress.epoch.min(epochs)) * batches, self.stage);
         let (started, first_update) = (std::time::Instant::now(), self.progress.updates);
-        let mut tokens = 0usize;
+        let (mut tokens, mut examples_done) = (0usize, 0usize);
         let salt = stage_salt(self.stage, &self.progress.rounds);
         for epoch in self.progress.epoch..epochs {
             let mut order: Vec<usize> = (0..num_examples).collect();
             if self.shuffle {
                 order.shuffle(&mut self.rng);
             }
-            for chunk in order.chunks(batch_size) {
+            let mut at = 0;
+            while at < num_examples {
+                let size = match &mut sizes {
+                    Batches::Fixed(b) => *b,
+                    Batches::Dynamic(next) => next(num_examples - at).max(1),
+                };
+                let chunk = &order[at..(at + size).min(num_examples)];
                 self.maybe_evaluate()?;
                 let mut metrics = json!({"stage": self.stage, "epoch": epoch + 1, "update": self.progress.updates + 1});
-                let factor = self.config.lr_schedule.factor(self.progress.updates, epochs * batches);
+                let factor = match sized {
+                    true => self.config.lr_schedule.factor(self.progress.updates, epochs * batches),
+                    false => self.config.lr_schedule.factor(epoch * num_examples as u64 + at as u64, epochs * batches),
+                };
                 for (optim, lr) in self.optims.iter_mut().zip(&self.learning_rates) {
                     optim.config.lr = lr * factor;
                 }
@@ -318,16 +352,20 @@ impl<'a> Session<'a> {
                 metrics["time/backward_s"] = json!(times.backward_s);
                 metrics["time/optimizer_s"] = json!(times.optimizer_s);
                 self.progress.updates += 1;
+                examples_done += chunk.len();
                 let secs = started.elapsed().as_secs_f64();
-                metrics["pairs_per_s"] =
-                    json!((self.progress.updates - first_update) as f64 * batch_size as f64 / secs);
+                metrics["pairs_per_s"] = match sized {
+                    true => json!((self.progress.updates - first_update) as f64 * fixed as f64 / secs),
+                    false => json!(examples_done as f64 / secs),
+                };
                 metrics["tokens_per_s"] = json!(tokens as f64 / secs);
                 self.run_dir.log_metrics(&metrics)?;
                 let loss = metrics.as_object().and_then(|m| m.iter().find(|(k, _)| k.ends_with("/loss")));
                 if let Some(loss) = loss.and_then(|(_, v)| v.as_f64()) {
                     bar.set_message(format!("loss {loss:.4}"));
                 }
-                bar.inc(1);
+                bar.inc(if sized { 1 } else { chunk.len() as u64 });
+                at += chunk.len();
             }
             self.progress.epoch = epoch + 1;
             self.progress.rng_word_pos = self.rng.get_word_pos();
@@ -441,52 +479,4 @@ fn stage_salt(stage: &str, rounds: &[u32]) -> u64 {
 pub fn all_weights(m: &LoadedModel) -> Vec<(String, Var)> {
     let data = m.varmap.data().lock().expect("VarMap lock");
     data.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
-
-/// The newest checkpoint's state, refused when it was written under another setup or belongs to
-/// a run that finished (unless more epochs are asked for, which extends it).
-fn resume_from_checkpoint(
-    state_dir: &Path,
-    models: &[&LoadedModel],
-    optims: &mut [AdamW],
-    now: Progress,
-) -> Result<Progress> {
-    let (num, path) = checkpoint::list(state_dir)?
-        .pop()
-        .with_context(|| format!("--resume: no checkpoint in {}", checkpoint::checkpoints_dir(state_dir).display()))?;
-    let saved = checkpoint::read_progress(&path)?;
-    let finished = checkpoint::finished(state_dir)?;
-    if let Some(f) = &finished {
-        if now.num_train_epochs <= f.epochs {
-            bail!(
-                "--resume: the training run in {} finished ({} epochs), so there is nothing to resume; train without \
-                 --resume to start over, or raise the number of epochs to extend it",
-                state_dir.display(),
-                f.epochs
-            );
-        }
-    }
-    let changed = saved.fingerprint.differences(&now.fingerprint);
-    if !changed.is_empty() {
-        bail!(
-            "--resume: checkpoint-{num} was written under a different setup ({}); train without --resume to start over",
-            changed.join("; ")
-        );
-    }
-    let mut progress = checkpoint::restore(&path, models, optims)?;
-    if progress.rounds != now.rounds || progress.num_pairs != now.num_pairs {
-        bail!(
-            "checkpoint-{num} was trained on rounds {:?} ({} pairs), not on the selected rounds {:?} ({} pairs)",
-            progress.rounds,
-            progress.num_pairs,
-            now.rounds,
-            now.num_pairs
-        );
-    }
-    (progress.fingerprint, progress.num_train_epochs) = (now.fingerprint, now.num_train_epochs);
-    if let Some(f) = finished {
-        println!("extending the finished {}-epoch run to {} epochs", f.epochs, progress.num_train_epochs);
-    }
-    println!("resuming from checkpoint-{num} after epoch {}", progress.epoch);
-    Ok(progress)
 }

@@ -133,7 +133,7 @@ pub(super) fn train(
         Critics::Central(c) => vec![&c.model],
     };
     // The critics' sources, for the fingerprint (their settings are config keys).
-    let mut fingerprint_extra = vec![("reward model".to_string(), setup.rm_digest.clone())];
+    let mut fingerprint_extra = setup.reward.fingerprint();
     for (i, m) in critic_models.iter().enumerate() {
         fingerprint_extra.push((format!("critic {i} model"), source_digest(&m.source)?));
     }

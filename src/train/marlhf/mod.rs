@@ -1,7 +1,9 @@
-//! MARLHF: online RL of the agents on the joint reward model `fit-rm` fitted (reference §7.4);
-//! `pbrl train-marlhf` and `iterate`'s MARLHF rounds run it. `setup.rs`: what every backend
-//! shares; `policy_gradient.rs`: the MAGRPO family (`rl_algorithm` = magrpo | mareinforce |
-//! maremax | marloo); `actor_critic.rs`: iac and maac.
+//! MARLHF: online RL of the agents on the joint reward model `fit-rm` fitted (reference §7.4),
+//! or on the task reward itself (`rl_reward = "task"`, CoMLRL's MAGRPOTrainer); `pbrl
+//! train-marlhf` and `iterate`'s MARLHF rounds run it. `setup.rs`: what every backend shares;
+//! `policy_gradient.rs`: the MAGRPO family (`rl_algorithm` = magrpo | mareinforce | maremax |
+//! marloo); `turns.rs`: the MAGRPO family over multi-turn discussions and cross joint actions;
+//! `actor_critic.rs`: iac and maac.
 //!
 //! 1. load the reward model from `<run_dir>/reward_model/` (on `reward_model_device`) and the
 //!    team; with `reference_kl_enabled`, each agent's configured model as its frozen reference
@@ -23,6 +25,7 @@
 pub mod actor_critic;
 mod policy_gradient;
 mod setup;
+mod turns;
 
 use anyhow::{bail, Result};
 
@@ -39,6 +42,8 @@ pub struct TrainOptions {
 pub struct TrainReport {
     pub num_agents: usize,
     pub algorithm: String,
+    /// What RL maximized: "the reward model" or "the task reward".
+    pub reward: &'static str,
     /// The train items the rollouts walk.
     pub num_items: usize,
     pub summary: TrainingSummary,
@@ -50,8 +55,8 @@ impl TrainReport {
     /// What the training did, as `pbrl train-marlhf` prints it.
     pub fn describe(&self) -> String {
         let what = format!(
-            "{} agents with {} on the reward model over {} items",
-            self.num_agents, self.algorithm, self.num_items
+            "{} agents with {} on {} over {} items",
+            self.num_agents, self.algorithm, self.reward, self.num_items
         );
         self.summary.describe(&what, self.secs, &self.saved_in)
     }
@@ -81,7 +86,11 @@ pub fn train(cfg: &MarlhfConfig, run_dir: &RunDir, opts: &TrainOptions) -> Resul
                     update_keys: "train_batch_size × num_generations",
                 },
             )?;
-            (train_policy_gradient(cfg, run_dir, &setup, mode, opts)?, setup.items.len())
+            let summary = match cfg.turns.is_some() || cfg.cross {
+                true => turns::train_discussions(cfg, run_dir, &setup, mode, opts)?,
+                false => train_policy_gradient(cfg, run_dir, &setup, mode, opts)?,
+            };
+            (summary, setup.items.len())
         }
         MarlhfBackend::Iac { .. } | MarlhfBackend::Maac => {
             let shape = BatchShape {
@@ -97,6 +106,7 @@ pub fn train(cfg: &MarlhfConfig, run_dir: &RunDir, opts: &TrainOptions) -> Resul
     Ok(TrainReport {
         num_agents: cfg.team.num_actors,
         algorithm: cfg.algorithm.clone(),
+        reward: if cfg.task_reward { "the task reward" } else { "the reward model" },
         num_items: n,
         summary,
         secs: started.elapsed().as_secs_f64(),

@@ -39,19 +39,7 @@ pub(super) fn train_policy_gradient(
     let buffer = cfg.rollout_buffer_size;
     let chunk_items = items_per_update(cfg);
     let centralized = cfg.team.centralized;
-    let plan = Plan {
-        stage: "train-marlhf",
-        models: team.iter().map(|a| &a.model).collect(),
-        params: team.iter().map(|a| all_weights(&a.model)).collect(),
-        learning_rates: vec![cfg.learning_rate; team.len()],
-        epochs: cfg.num_train_epochs,
-        state_dir: run_dir.marlhf_state(),
-        shuffle: None,
-        fingerprint_extra: vec![("reward model".into(), setup.rm_digest.clone())],
-    };
-    let data = TrainingData { rounds: &[], num_examples: items.len() };
-    let session_setup = SessionSetup::of(&cfg.training, data.rounds, &cfg.team.sources, Some(team))?;
-    let mut session = Session::open_plan(session_setup, run_dir, plan, Some(team), data, opts.resume)?;
+    let mut session = open_team_session(cfg, run_dir, setup, opts)?;
 
     session.run(items.len(), buffer, |step, chunk, metrics| {
         let epoch = step.epoch;
@@ -106,10 +94,34 @@ pub(super) fn train_policy_gradient(
     session.finish()
 }
 
+/// The MAGRPO family's session: every weight of every agent trains (lr `agent_learning_rate`),
+/// the items walked in file order, state in `marlhf_training/`.
+pub(super) fn open_team_session<'a>(
+    cfg: &MarlhfConfig,
+    run_dir: &'a RunDir,
+    setup: &'a Setup,
+    opts: &TrainOptions,
+) -> Result<Session<'a>> {
+    let team = &setup.team;
+    let plan = Plan {
+        stage: "train-marlhf",
+        models: team.iter().map(|a| &a.model).collect(),
+        params: team.iter().map(|a| all_weights(&a.model)).collect(),
+        learning_rates: vec![cfg.learning_rate; team.len()],
+        epochs: cfg.num_train_epochs,
+        state_dir: run_dir.marlhf_state(),
+        shuffle: None,
+        fingerprint_extra: setup.reward.fingerprint(),
+    };
+    let data = TrainingData { rounds: &[], num_examples: setup.items.len() };
+    let session_setup = SessionSetup::of(&cfg.training, data.rounds, &cfg.team.sources, Some(team))?;
+    Session::open_plan(session_setup, run_dir, plan, Some(team), data, opts.resume)
+}
+
 /// Agent `a`'s completion rows of item `j` as the reference scores them: each completion (with
 /// its stop token when it ended) padded with the pad token to the item's longest; and whether a
 /// row has anything to score (more than one token: the last position is left out).
-fn padded_rows(agent: &Agent, out: &Rollout, j: usize) -> (Vec<ScoreRow>, Vec<bool>) {
+pub(super) fn padded_rows(agent: &Agent, out: &Rollout, j: usize) -> (Vec<ScoreRow>, Vec<bool>) {
     let a = agent.index;
     let longest = out.responses[j].iter().map(|joint| joint[a].ids.len()).max().unwrap_or(0);
     let pad = rollout_pad(agent);

@@ -1,6 +1,7 @@
 //! What every MARLHF backend shares: the reward model, the train items, the team and its frozen
 //! references loaded and checked (`Setup`); the seeded rollouts, the reward model's scores of
 //! joint responses, the reference KL of each completion, and the rollout metrics.
+use std::cell::RefCell;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -9,6 +10,7 @@ use serde_json::{json, Value};
 use crate::algo::reference_kl::k3_sequence_kl;
 use crate::config::{MarlhfConfig, TeamConfig};
 use crate::device::{ensure_fits, parse_device};
+use crate::oracle::Oracle;
 use crate::reward_model::JointRewardModel;
 use crate::rng::{derive_seed, purpose};
 use crate::run::RunDir;
@@ -23,12 +25,45 @@ use pbrl_model::{LoadedModel, Mode};
 /// Joint texts per reward-model forward pass.
 pub(super) const SCORE_BATCH: usize = 8;
 
-/// What every backend trains on: the reward model, the train items (with their indices in
-/// the file, which seed the rollouts), the team and its frozen references.
+/// What scores the joint responses RL learns from (`rl_reward`).
+pub(crate) enum RlReward {
+    /// The joint reward model `fit-rm` fitted, with its digest (for the fingerprint).
+    Model(Box<JointRewardModel>, String),
+    /// The task reward itself, after reward_processor (`Oracle` takes `&mut` for a command
+    /// reward's process).
+    Task(RefCell<Oracle>),
+}
+
+impl RlReward {
+    /// The fingerprint's entry for the reward model (none for the task reward: the config holds
+    /// it).
+    pub fn fingerprint(&self) -> Vec<(String, String)> {
+        match self {
+            RlReward::Model(_, digest) => vec![("reward model".into(), digest.clone())],
+            RlReward::Task(_) => Vec::new(),
+        }
+    }
+
+    /// The scores of `joints` (each the actors' texts) of `item` given the actors' `prompts`.
+    pub fn score(&self, item: &TaskItem, prompts: &[String], joints: &[Vec<String>]) -> Result<Vec<f64>> {
+        let scores = match self {
+            RlReward::Model(rm, _) => {
+                let rows = joints.iter().map(|j| rm.encode(prompts, j)).collect::<Result<Vec<_>>>()?;
+                rm.score(&rows, SCORE_BATCH)?
+            }
+            RlReward::Task(oracle) => oracle.borrow_mut().score(item, prompts, joints)?.processed,
+        };
+        if let Some(bad) = scores.iter().find(|s| !s.is_finite()) {
+            bail!("a joint response of this buffer scored {bad}: not a usable reward");
+        }
+        Ok(scores)
+    }
+}
+
+/// What every backend trains on: the reward model (or the task reward), the train items (with
+/// their indices in the file, which seed the rollouts), the team and its frozen references.
 pub(crate) struct Setup {
-    pub rm: JointRewardModel,
-    /// The reward model's digest, for the fingerprint.
-    pub rm_digest: String,
+    pub reward: RlReward,
     pub indices: Vec<usize>,
     pub items: Vec<TaskItem>,
     pub team: Vec<Agent>,
@@ -52,6 +87,28 @@ pub(super) struct BatchShape {
     pub update_keys: &'static str,
 }
 
+/// The reward model `fit-rm` fitted, checked to score teams of this config's size.
+fn load_reward_model(cfg: &MarlhfConfig, run_dir: &RunDir) -> Result<JointRewardModel> {
+    let rm_dir = run_dir.reward_model();
+    if !JointRewardModel::exists(&rm_dir) {
+        bail!(
+            "{} holds no reward model; run `pbrl fit-rm` first (or set rl_reward = \"task\" for RL on the task \
+             reward)",
+            rm_dir.display()
+        );
+    }
+    let rm = JointRewardModel::load(
+        &rm_dir,
+        &parse_device(&cfg.reward_model_device, "reward_model_device")?,
+        crate::team::frozen_storage(cfg.frozen_dtype),
+    )?;
+    if rm.num_agents != cfg.team.num_roles {
+        bail!("{} scores teams of {} agents, this config has {}", rm_dir.display(), rm.num_agents, cfg.team.num_roles);
+    }
+    warn_on_fresh_rank(run_dir);
+    Ok(rm)
+}
+
 /// Warn (not refuse) when `fit-rm` measured that the reward model orders fresh samples of one
 /// prompt little better than chance: group advantages then follow noise.
 fn warn_on_fresh_rank(run_dir: &RunDir) {
@@ -72,24 +129,13 @@ impl Setup {
     /// Load everything, and refuse before any work a batch `shape` whose sampling or update
     /// would not fit in memory.
     pub(super) fn load(cfg: &MarlhfConfig, run_dir: &RunDir, shape: BatchShape) -> Result<Self> {
-        let rm_dir = run_dir.reward_model();
-        if !JointRewardModel::exists(&rm_dir) {
-            bail!("{} holds no reward model; run `pbrl fit-rm` first", rm_dir.display());
-        }
-        let rm = JointRewardModel::load(
-            &rm_dir,
-            &parse_device(&cfg.reward_model_device, "reward_model_device")?,
-            crate::team::frozen_storage(cfg.frozen_dtype),
-        )?;
-        if rm.num_agents != cfg.team.num_roles {
-            bail!(
-                "{} scores teams of {} agents, this config has {}",
-                rm_dir.display(),
-                rm.num_agents,
-                cfg.team.num_roles
-            );
-        }
-        warn_on_fresh_rank(run_dir);
+        let reward = match cfg.task_reward {
+            true => RlReward::Task(RefCell::new(Oracle::new(&cfg.training.evaluation.oracle)?)),
+            false => {
+                let rm = load_reward_model(cfg, run_dir)?;
+                RlReward::Model(Box::new(rm), JointRewardModel::digest(&run_dir.reward_model())?)
+            }
+        };
         let (indices, items): (Vec<usize>, Vec<TaskItem>) =
             train_items(&cfg.training.evaluation.split)?.into_iter().unzip();
         if items.is_empty() {
@@ -110,8 +156,7 @@ impl Setup {
             })?;
         }
         let reference = if cfg.reference_kl.is_some() { Some(reference_team(&cfg.team, &team)?) } else { None };
-        let rm_digest = JointRewardModel::digest(&rm_dir)?;
-        Ok(Self { rm, rm_digest, indices, items, team, reference })
+        Ok(Self { reward, indices, items, team, reference })
     }
 
     /// Every agent's `k` samples for the items `chunk` (indices into `items`), each request
@@ -140,7 +185,15 @@ impl Setup {
         let out = self.rollout(cfg, epoch, chunk, tokens)?;
         metrics["time/rollout_s"] = json!(started.elapsed().as_secs_f64());
         let started = Instant::now();
-        let returns = joint_scores(&self.rm, &out)?;
+        let returns = match &self.reward {
+            RlReward::Model(rm, _) => joint_scores(rm, &out)?,
+            RlReward::Task(_) => (0..chunk.len())
+                .map(|j| {
+                    let joints: Vec<Vec<String>> = (0..out.responses[j].len()).map(|s| out.texts(j, s)).collect();
+                    self.reward.score(&self.items[chunk[j]], &out.prompts[j], &joints)
+                })
+                .collect::<Result<Vec<_>>>()?,
+        };
         let kls = self.reference_kls(&out)?;
         metrics["time/reward_s"] = json!(started.elapsed().as_secs_f64());
         rollout_metrics(cfg.reference_kl, &returns, &kls, shaped, metrics);
