@@ -87,11 +87,15 @@ fn three_turn_cross_discussions_with_a_command_transition_and_lora_agents() {
     let tables = "[transition]\nkind = \"command\"\ncommand = [\"python3\", \"transition.py\"]\n\
                   [agent_lora]\nr = 4\nalpha = 8\n";
     setup(d, "num_turns = 3\njoint_mode = \"cross\"\nnum_train_epochs = 1", tables);
-    ok(pbrl(&["train-marlhf", "--config", "c.toml", "--set", "rollout_buffer_size=21"], d));
-    let updates: Vec<_> = lines(&d.join("run")).into_iter().filter(|l| l.get("event").is_none()).collect();
+    ok(pbrl(&["train-marlhf", "--config", "c.toml", "--set", "rollout_buffer_size=21", "--set", "eval_interval=2"], d));
+    let all = lines(&d.join("run"));
+    let updates: Vec<_> = all.iter().filter(|l| l.get("event").is_none() && l["turn_1/reward_mean"].is_f64()).collect();
     // Cross with 2 agents and K = 2: 4 joint actions per node, 1 + 4 + 16 nodes per item.
     assert_eq!(updates.len(), 4);
     assert!(updates.iter().all(|l| l["turn_3/reward_mean"].is_f64()), "{updates:?}");
+    // The periodic evaluations run 3-turn discussions too.
+    let evals: Vec<_> = all.iter().filter(|l| l["eval/history_reward_mean"].is_f64()).collect();
+    assert!(evals.len() >= 2 && evals.iter().all(|l| l["eval/turn_3/reward_mean"].is_f64()), "{all:?}");
     assert!(d.join("run/agents/agent_0/adapter_model.safetensors").is_file());
 }
 
