@@ -184,3 +184,31 @@ fn what_cannot_work_is_refused_and_a_failing_transition_names_itself() {
         assert!(!d.join("run/agents").exists() && !d.join("run/marlhf_training/checkpoints").exists());
     }
 }
+
+/// The real model: a 2-turn debate of SmolLM2-135M-Instruct agents trained on the task reward,
+/// then evaluated; the second turn's prompts are the debate template's, in the chat template.
+#[test]
+fn smollm2_agents_debate_train_and_evaluate() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("items.jsonl"), "{\"prompt\": \"Describe the sea.\"}\n{\"prompt\": \"Explain rain.\"}\n")
+        .unwrap();
+    let cfg = format!(
+        "agent_model = \"{}\"\nrun_dir = \"run\"\nmax_new_tokens = 8\nnum_turns = 2\nrl_reward = \"task\"\n\
+         num_generations = 2\nrollout_buffer_size = 3\nnum_train_epochs = 1\neval_interval = 0\neval_num_samples = 1\n\
+         early_termination_threshold = \"none\"\n\
+         [task]\ntrain_file = \"items.jsonl\"\neval_file = \"items.jsonl\"\n\
+         formatters = [\"{{prompt}} Be brief.\", \"{{prompt}} Be detailed.\"]\n[transition]\nkind = \"debate\"\n",
+        common::smollm2().display()
+    );
+    std::fs::write(d.join("c.toml"), cfg).unwrap();
+    let o = ok(pbrl(&["train-marlhf", "--config", "c.toml"], d));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("on the task reward") && out.contains("2 updates"), "{out}");
+    ok(pbrl(&["eval", "--config", "c.toml"], d));
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&common::eval_reports(&d.join("run"))[0]).unwrap()).unwrap();
+    let second = report["items"][0]["turns"][1]["prompts"][1].as_str().unwrap().to_string();
+    assert!(second.starts_with("<|im_start|>system\n") && second.ends_with("<|im_start|>assistant\n"), "{second}");
+    assert!(second.contains("The other agents answered:\nAgent 0: ") && second.contains("Be detailed."), "{second}");
+}
