@@ -11,14 +11,13 @@ use serde_json::{json, Value};
 
 use super::{eval_seed, stderr_over_items, Evaluation};
 use crate::algo::trend::{item_means, paired_gain};
-use crate::config::{EvalConfig, TransitionSpec, TurnsConfig};
+use crate::config::{EvalConfig, TurnsConfig};
 use crate::oracle::Oracle;
 use crate::progress;
 use crate::rng::{derive_seed, purpose};
-use crate::task::transition::{Branch, Transition};
+use crate::task::transition::Transition;
 use crate::task::TaskItem;
-use crate::team::discussion::{check_discussion_fits, check_prompt_fits, next_turn};
-use crate::team::rollout::{rollout, rollout_prompts};
+use crate::team::discussion::{check_discussion_fits, discuss, DiscussionSeeds};
 use crate::team::Agent;
 
 /// A multi-turn evaluation's rewards: `rewards[t][r]`, record r's reward at turn t + 1.
@@ -68,68 +67,46 @@ pub(super) fn evaluate_discussions(
     oracle: &mut Oracle,
     stream: u64,
 ) -> Result<Evaluation> {
-    let max_new = cfg.max_new_tokens();
-    check_discussion_fits(team, items, &max_new, cfg.rows, "eval", turns)?;
+    check_discussion_fits(team, items, &cfg.max_new_tokens(), cfg.rows, "eval", turns)?;
     let mut transition = Transition::of(&turns.transition)?;
-    let command = matches!(turns.transition, TransitionSpec::Command { .. });
-    let (params, k) = (&cfg.sampling, cfg.samples_per_item);
+    let k = cfg.samples_per_item;
     let bar = progress::bar(items.len() as u64, "eval");
     let mut generated = 0usize;
     let (mut records, mut rewards) = (Vec::new(), Vec::new());
     let mut turn_rewards = vec![Vec::new(); turns.num_turns];
     for (batch_idx, batch) in items.chunks(cfg.batch_items).enumerate() {
         let first = batch_idx * cfg.batch_items;
-        let out = rollout(team, batch, k, params, |j, a, r| eval_seed(stream, first + j, a, r), |n| generated += n)?;
-        // Branch b is sample b % k of item b / k.
-        let mut branches = Vec::with_capacity(batch.len() * k);
-        let mut history: Vec<Vec<Value>> = Vec::with_capacity(batch.len() * k);
-        let mut scores: Vec<Vec<f64>> = Vec::with_capacity(batch.len() * k);
-        for (j, item) in batch.iter().enumerate() {
-            let users = team.iter().map(|a| a.first_message(item)).collect::<Result<Vec<_>>>()?;
-            let joints: Vec<Vec<String>> = (0..k).map(|s| out.texts(j, s)).collect();
-            let r = oracle.score(item, &out.prompts[j], &joints)?.processed;
-            for (s, joint) in joints.iter().enumerate() {
-                branches.push(Branch::default().then(&users, joint));
-                history.push(vec![json!({"prompts": out.prompts[j], "completions": joint, "reward": r[s]})]);
-                scores.push(vec![r[s]]);
-            }
-        }
-        for turn in 2..=turns.num_turns {
-            let mut users = Vec::with_capacity(branches.len());
-            let mut texts = vec![Vec::with_capacity(branches.len()); team.len()];
-            for (b, branch) in branches.iter().enumerate() {
-                let (j, item) = (b / k, &batch[b / k]);
-                let (u, prompts) = next_turn(team, &mut transition, turns.passthrough, item, first + j, branch)?;
-                for (a, p) in prompts.into_iter().enumerate() {
-                    if command {
-                        let ids = team[a].model.tokenizer.encode(&p)?.len();
-                        check_prompt_fits(&team[a], ids, max_new[a], &format!("eval item {}, turn {turn}", first + j))?;
-                    }
-                    texts[a].push(p);
+        let indices: Vec<usize> = (first..first + batch.len()).collect();
+        let seeds = DiscussionSeeds {
+            first: &|j, a, s| eval_seed(stream, first + j, a, s),
+            later: &|j, a, s, turn| turn_seed(stream, first + j, a, s, turn),
+        };
+        let discussions =
+            discuss(team, &mut transition, turns, batch, &indices, k, &cfg.sampling, &seeds, |n| generated += n)?;
+        for (j, (item, samples)) in batch.iter().zip(&discussions).enumerate() {
+            // Turn 1's samples share their prompts: one call scores them all.
+            let joints: Vec<Vec<String>> = samples.iter().map(|h| h[0].texts()).collect();
+            let first_turn = oracle.score(item, &samples[0][0].prompts, &joints)?.processed;
+            for (s, history) in samples.iter().enumerate() {
+                let mut score = vec![first_turn[s]];
+                for turn in &history[1..] {
+                    score.push(oracle.score(item, &turn.prompts, &[turn.texts()])?.processed[0]);
                 }
-                users.push(u);
+                if let Some(bad) = score.iter().find(|r| !r.is_finite()) {
+                    bail!("the reward of eval item {} (sample {s}) is not finite ({bad})", first + j);
+                }
+                let record_turns: Vec<Value> = history
+                    .iter()
+                    .zip(&score)
+                    .map(|(t, r)| json!({"prompts": t.prompts, "completions": t.texts(), "reward": r}))
+                    .collect();
+                let total = turns.history_reward.score(&score);
+                score.iter().enumerate().for_each(|(t, r)| turn_rewards[t].push(*r));
+                rewards.push(total);
+                let last = record_turns.last().cloned().unwrap_or_default();
+                records.push(json!({"item": item, "sample": s, "prompts": last["prompts"],
+                    "completions": last["completions"], "reward": total, "turns": record_turns}));
             }
-            let seed = |b: usize, a: usize, _: usize| turn_seed(stream, first + b / k, a, b % k, turn);
-            let out = rollout_prompts(team, &texts, 1, params, seed, |n| generated += n)?;
-            for (b, branch) in branches.iter_mut().enumerate() {
-                let joint = out.texts(b, 0);
-                let r = oracle.score(&batch[b / k], &out.prompts[b], std::slice::from_ref(&joint))?.processed[0];
-                history[b].push(json!({"prompts": out.prompts[b], "completions": joint, "reward": r}));
-                scores[b].push(r);
-                *branch = branch.then(&users[b], &joint);
-            }
-        }
-        for (b, (turns_of, score)) in history.into_iter().zip(&scores).enumerate() {
-            let (j, s) = (b / k, b % k);
-            if let Some(bad) = score.iter().find(|r| !r.is_finite()) {
-                bail!("the reward of eval item {} (sample {s}) is not finite ({bad})", first + j);
-            }
-            let total = turns.history_reward.score(score);
-            score.iter().enumerate().for_each(|(t, r)| turn_rewards[t].push(*r));
-            rewards.push(total);
-            let last = turns_of.last().cloned().unwrap_or_default();
-            records.push(json!({"item": batch[j], "sample": s, "prompts": last["prompts"],
-                "completions": last["completions"], "reward": total, "turns": turns_of}));
         }
         bar.inc(batch.len() as u64);
     }

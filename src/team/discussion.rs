@@ -3,10 +3,96 @@
 //! check, before any sampling, that the longest prompt a discussion can grow to fits.
 use anyhow::{bail, Result};
 
+use super::rollout::{rollout, rollout_prompts, Completion};
 use super::Agent;
 use crate::config::{TransitionSpec, TurnsConfig};
 use crate::task::transition::{Branch, Transition, DEBATE_FIELDS};
 use crate::task::TaskItem;
+use pbrl_model::sampling::SamplingParams;
+
+/// One turn of one discussion: each agent's message (its template's text, before the chat
+/// template), the exact prompt it was given, and its completion.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    pub users: Vec<String>,
+    pub prompts: Vec<String>,
+    pub completions: Vec<Completion>,
+}
+
+impl Turn {
+    pub fn texts(&self) -> Vec<String> {
+        self.completions.iter().map(|c| c.text.clone()).collect()
+    }
+}
+
+/// The seeds of a discussion's requests: turn 1's `(item, agent, sample)`, and a later turn's
+/// `(item, agent, sample, turn)` (`item`: its place in the batch).
+pub struct DiscussionSeeds<'s> {
+    pub first: &'s dyn Fn(usize, usize, usize) -> u64,
+    pub later: &'s dyn Fn(usize, usize, usize, usize) -> u64,
+}
+
+/// `k` discussions of every item of a batch (`indices`: the items' places in their file, for
+/// errors), each a single branch of `turns.num_turns` turns, every agent answering once per
+/// turn: `[item][sample]` → its turns. Each turn samples every branch of the batch in one call
+/// per agent; turn 1 is a one-turn rollout with `seeds.first`.
+#[allow(clippy::too_many_arguments)]
+pub fn discuss(
+    team: &[Agent],
+    transition: &mut Transition,
+    turns: &TurnsConfig,
+    items: &[TaskItem],
+    indices: &[usize],
+    k: usize,
+    params: &[SamplingParams],
+    seeds: &DiscussionSeeds,
+    mut on_tokens: impl FnMut(usize),
+) -> Result<Vec<Vec<Vec<Turn>>>> {
+    let command = matches!(turns.transition, TransitionSpec::Command { .. });
+    let out = rollout(team, items, k, params, seeds.first, &mut on_tokens)?;
+    // Branch b is sample b % k of item b / k.
+    let mut branches: Vec<(Branch, Vec<Turn>)> = Vec::with_capacity(items.len() * k);
+    for (j, item) in items.iter().enumerate() {
+        let users = team.iter().map(|a| a.first_message(item)).collect::<Result<Vec<_>>>()?;
+        for s in 0..k {
+            let turn = Turn {
+                users: users.clone(),
+                prompts: out.prompts[j].clone(),
+                completions: out.responses[j][s].clone(),
+            };
+            branches.push((Branch::default().then(&users, &turn.texts()), vec![turn]));
+        }
+    }
+    for turn in 2..=turns.num_turns {
+        let mut users = Vec::with_capacity(branches.len());
+        let mut texts = vec![Vec::with_capacity(branches.len()); team.len()];
+        for (b, (branch, _)) in branches.iter().enumerate() {
+            let (j, item) = (b / k, &items[b / k]);
+            let (u, prompts) = next_turn(team, transition, turns.passthrough, item, indices[j], branch)?;
+            for (a, p) in prompts.into_iter().enumerate() {
+                if command {
+                    let ids = team[a].model.tokenizer.encode(&p)?.len();
+                    let at = format!("item {}, turn {turn}", indices[j]);
+                    check_prompt_fits(&team[a], ids, params[a].max_new_tokens, &at)?;
+                }
+                texts[a].push(p);
+            }
+            users.push(u);
+        }
+        let seed = |b: usize, a: usize, _: usize| (seeds.later)(b / k, a, b % k, turn);
+        let out = rollout_prompts(team, &texts, 1, params, seed, &mut on_tokens)?;
+        for (b, ((branch, history), users)) in branches.iter_mut().zip(users).enumerate() {
+            let t = Turn { users, prompts: out.prompts[b].clone(), completions: out.responses[b][0].clone() };
+            *branch = branch.then(&t.users, &t.texts());
+            history.push(t);
+        }
+    }
+    let mut per_item: Vec<Vec<Vec<Turn>>> = vec![Vec::with_capacity(k); items.len()];
+    for (b, (_, history)) in branches.into_iter().enumerate() {
+        per_item[b / k].push(history);
+    }
+    Ok(per_item)
+}
 
 /// Every agent's prompt for the turn after `branch` of `item` (`index`: its place in its
 /// file): the user messages (what the branch records) and the texts the models are given.
