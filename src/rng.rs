@@ -26,4 +26,5 @@ pub mod purpose {
     pub const LORA_DROPOUT: u64 = 19;
     pub const EVAL_TURN: u64 = 20;
     pub const RL_TURN: u64 = 21;
+    pub const COLLECT_TURN: u64 = 22;
 }

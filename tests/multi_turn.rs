@@ -212,3 +212,45 @@ fn smollm2_agents_debate_train_and_evaluate() {
     assert!(second.starts_with("<|im_start|>system\n") && second.ends_with("<|im_start|>assistant\n"), "{second}");
     assert!(second.contains("The other agents answered:\nAgent 0: ") && second.contains("Be detailed."), "{second}");
 }
+
+/// Preferences over whole joint histories: `collect` pairs 2-turn discussions (each pair with
+/// every turn of both sides, scored by its last turn), `train-madpo` trains on them (each
+/// agent's margin summed over its turns); `fit-rm` and a one-turn MADPO refuse them.
+#[test]
+fn collect_pairs_discussions_and_madpo_trains_on_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    setup(
+        d,
+        "num_turns = 2\npreference_num_candidates = 4\npreference_pairs_per_sample = 2\ncollect_batch_size = 2\n\
+              train_batch_size = 2\nnum_train_epochs = 2",
+        DEBATE,
+    );
+    ok(pbrl(&["collect", "--config", "c.toml"], d));
+    let round: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("run/preference_replay/iteration_0001.json")).unwrap()).unwrap();
+    let pairs = round["pairs"].as_array().unwrap();
+    assert!(!pairs.is_empty());
+    for p in pairs {
+        let (w, l) = (p["winner_turns"].as_array().unwrap(), p["loser_turns"].as_array().unwrap());
+        assert_eq!((w.len(), l.len()), (2, 2));
+        assert_eq!(p["winner_reward"], w[1]["reward"], "history_reward = last");
+        assert!(p["winner_reward"].as_f64().unwrap() > p["loser_reward"].as_f64().unwrap());
+        assert_eq!(p["prompts"], w[0]["prompts"]);
+        assert_eq!(p["winner_completions"], w[1]["completions"]);
+        assert!(w[1]["prompts"][0].as_str().unwrap().contains("w5"), "turn 2's prompt is the debate's");
+    }
+    let o = ok(pbrl(&["train-madpo", "--config", "c.toml"], d));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("updates"), "{}", String::from_utf8_lossy(&o.stdout));
+    let losses = common::metric_values(&d.join("run"), "madpo/loss");
+    assert!(!losses.is_empty() && losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert_ne!(agents(&d.join("run"))[0], std::fs::read(d.join("tiny/model.safetensors")).unwrap());
+    let refuse = |args: &[&str], want: &str| {
+        let o = pbrl(args, d);
+        let e = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(!o.status.success() && e.contains(want), "{args:?}: {e}");
+    };
+    refuse(&["train-madpo", "--config", "c.toml", "--set", "num_turns=1"], "holds 2-turn histories but num_turns = 1");
+    refuse(&["fit-rm", "--config", "c.toml"], "`pbrl fit-rm` runs single-turn discussions only");
+    refuse(&["fit-rm", "--config", "c.toml", "--set", "num_turns=1"], "holds 2-turn histories but num_turns = 1");
+}

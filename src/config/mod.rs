@@ -201,8 +201,8 @@ pub struct Config {
     #[serde(deserialize_with = "opt")]
     pub top_k: Option<i64>,
     /// Turns of the discussion: at each turn after the first every agent reads the others'
-    /// answers (through `[transition]`) and answers again. Above 1: `train-marlhf` with the
-    /// MAGRPO family, and `eval`; the other stages refuse it.
+    /// answers (through `[transition]`) and answers again. Above 1: `collect`, `train-madpo`,
+    /// `train-marlhf` with the MAGRPO family, and `eval`; the other stages refuse it.
     pub num_turns: i64,
     /// Must be 1: the returns are undiscounted sums over the turns, as CoMLRL 1.4.3's trainers
     /// compute them whatever this key says.

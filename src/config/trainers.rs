@@ -67,6 +67,8 @@ pub struct MadpoConfig {
     pub pairs_per_update: usize,
     pub score_last_token: bool,
     pub max_new_tokens: Vec<usize>,
+    /// The turns of the histories it trains on (`num_turns`).
+    pub num_turns: usize,
 }
 
 /// The reward model's fit (`train::reward_fit`).
@@ -254,7 +256,7 @@ impl Config {
     }
 
     pub fn madpo(&self) -> Result<MadpoConfig, ConfigError> {
-        self.single_turn("train-madpo")?;
+        self.aligned("train-madpo")?;
         Ok(MadpoConfig {
             training: self.training()?,
             replay: self.replay(),
@@ -269,6 +271,7 @@ impl Config {
             pairs_per_update: self.pairs_per_update(),
             score_last_token: self.score_last_token,
             max_new_tokens: self.max_new_tokens(),
+            num_turns: self.num_turns as usize,
         })
     }
 

@@ -74,10 +74,15 @@ impl Config {
         if self.num_turns > 1 {
             return err(format!(
                 "num_turns = {}: `pbrl {stage}` runs single-turn discussions only so far; multi-turn runs are \
-                 `pbrl train-marlhf` (the MAGRPO family) and `pbrl eval`",
+                 `pbrl collect`, `pbrl train-madpo`, `pbrl train-marlhf` (the MAGRPO family) and `pbrl eval`",
                 self.num_turns
             ));
         }
+        self.aligned(stage)
+    }
+
+    /// Refuse, for a stage that pairs aligned joint responses, cross joint actions.
+    pub fn aligned(&self, stage: &str) -> Result<(), ConfigError> {
         if self.joint_mode == "cross" {
             return err(format!(
                 "joint_mode = \"cross\": `pbrl {stage}` pairs aligned joint responses; cross joint actions are \

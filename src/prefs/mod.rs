@@ -39,6 +39,51 @@ pub struct PreferencePair {
     pub winner_finished: Option<Vec<bool>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loser_finished: Option<Vec<bool>>,
+    /// pbrl's own, multi-turn rounds (`num_turns` > 1): every turn of the winning and losing
+    /// joint histories, turn 1 first. `prompts` then holds turn 1's prompts (the item's, the
+    /// same for both), the completions and `*_finished` the last turn's, and the rewards the
+    /// histories' scores (`history_reward`). Absent in one-turn rounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub winner_turns: Option<Vec<TurnRecord>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loser_turns: Option<Vec<TurnRecord>>,
+}
+
+/// One turn of a joint history in a round file: each agent's exact prompt, completion and
+/// whether it ended with a stop token, and the turn's reward (after reward_processor).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnRecord {
+    pub prompts: Vec<String>,
+    pub completions: Vec<String>,
+    pub finished: Vec<bool>,
+    pub reward: f64,
+}
+
+impl PreferencePair {
+    /// The turns of its histories (1 for a one-turn pair).
+    pub fn turns(&self) -> usize {
+        self.winner_turns.as_ref().map_or(1, Vec::len)
+    }
+
+    /// Actor `a`'s (prompt, completion, finished) at every turn of the winner's (`winner`) or
+    /// the loser's history.
+    pub fn turns_of(&self, a: usize, winner: bool) -> Vec<(&str, &str, Option<bool>)> {
+        let (turns, completions, finished) = match winner {
+            true => (&self.winner_turns, &self.winner_completions, &self.winner_finished),
+            false => (&self.loser_turns, &self.loser_completions, &self.loser_finished),
+        };
+        match turns {
+            Some(turns) => turns
+                .iter()
+                .map(|t| (t.prompts[a].as_str(), t.completions[a].as_str(), t.finished.get(a).copied()))
+                .collect(),
+            None => vec![(
+                self.prompts[a].as_str(),
+                completions[a].as_str(),
+                finished.as_ref().and_then(|f| f.get(a).copied()),
+            )],
+        }
+    }
 }
 
 /// `iteration_NNNN.json`: one round of preference pairs.
@@ -73,6 +118,24 @@ impl RoundFile {
                     p.loser_completions.len()
                 );
             }
+            let sides = [&p.winner_turns, &p.loser_turns];
+            let lens: Vec<Option<usize>> = sides.iter().map(|t| t.as_ref().map(Vec::len)).collect();
+            if lens[0] != lens[1] || lens[0] == Some(0) {
+                bail!(
+                    "{}: pair {i}'s winner and loser histories have {:?} and {:?} turns",
+                    path.display(),
+                    lens[0],
+                    lens[1]
+                );
+            }
+            for t in sides.iter().filter_map(|t| t.as_ref()).flatten() {
+                if t.prompts.len() != n || t.completions.len() != n || t.finished.len() != n {
+                    bail!(
+                        "{}: pair {i} has a turn without one prompt, completion and flag per agent ({n})",
+                        path.display()
+                    );
+                }
+            }
         }
         Ok(round)
     }
@@ -86,6 +149,19 @@ impl RoundFile {
     pub fn save_new(&self, path: &Path) -> Result<()> {
         atomic_create(path, serde_json::to_string(self)?.as_bytes())
     }
+}
+
+/// Refuse pairs of histories of another number of turns than the config's (`num_turns`): a
+/// training would read a multi-turn history as one turn, or the other way round.
+pub fn check_turns(pairs: &[PreferencePair], num_turns: usize) -> Result<()> {
+    if let Some(bad) = pairs.iter().position(|p| p.turns() != num_turns) {
+        bail!(
+            "selected pair {bad} holds {}-turn histories but num_turns = {num_turns}; train on rounds collected with \
+             the same num_turns",
+            pairs[bad].turns()
+        );
+    }
+    Ok(())
 }
 
 /// Refuse pairs of another team's size: every pair must have one prompt (and completion) per
@@ -115,6 +191,8 @@ mod tests {
             comparator_raw_reward: None,
             winner_finished: None,
             loser_finished: None,
+            winner_turns: None,
+            loser_turns: None,
         }
     }
 

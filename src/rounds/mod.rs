@@ -15,6 +15,7 @@
 //!    side winning (`select_comparison_pairs`); ordered by `pair_selection`, cut to
 //!    `preference_pairs_per_sample`.
 pub mod compare;
+pub mod discussions;
 
 use anyhow::{bail, Context, Result};
 use indicatif::ProgressBar;
@@ -207,6 +208,8 @@ pub fn build_round(
                             comparator_raw_reward: None,
                             winner_finished: finished(w),
                             loser_finished: finished(l),
+                            winner_turns: None,
+                            loser_turns: None,
                         });
                     }
                 }
@@ -230,6 +233,8 @@ pub fn build_round(
                             comparator_raw_reward: Some(rm[k]),
                             winner_finished: None,
                             loser_finished: None,
+                            winner_turns: None,
+                            loser_turns: None,
                         });
                         out.selected_raw[0].push(rc[k]);
                         out.selected_raw[1].push(rm[k]);

@@ -8,7 +8,9 @@
 //!    (centralized: candidate k of the one actor, a tagged joint text); the oracle scores each
 //!    joint response (the task reward on the roles' outputs, then reward_processor); pairs are
 //!    every ordered pair with a positive score gap, ordered by `pair_selection` and cut to
-//!    `preference_pairs_per_sample` (reference §5.1);
+//!    `preference_pairs_per_sample` (reference §5.1); with `num_turns` > 1
+//!    (`rounds::discussions::build_history_round`) the candidates are whole discussions, each
+//!    scored by its history's score, and every pair holds every turn of both sides;
 //! 3. write `<replay dir>/iteration_NNNN.json` atomically (and the reward histogram when asked).
 use anyhow::{bail, Result};
 use serde_json::json;
@@ -18,11 +20,13 @@ use crate::config::Config;
 use crate::oracle::Oracle;
 use crate::prefs::{existing_rounds, round_path, RoundFile};
 use crate::progress;
+use crate::rounds::discussions::build_history_round;
 use crate::rounds::{build_round, RoundSpec, Scorer};
 use crate::run::RunDir;
 use crate::sources::{Agents, TeamSource};
 use crate::task::split::train_items;
 use crate::task::TaskItem;
+use crate::team::discussion::check_discussion_fits;
 use crate::team::{check_fits, load_team};
 
 pub struct CollectOptions {
@@ -48,10 +52,11 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     if path.exists() && !opts.force {
         bail!("{} exists; pass --force to replace it, or --round N for another round", path.display());
     }
-    cfg.single_turn("collect")?;
+    cfg.aligned("collect")?;
     let collect = cfg.collect();
+    let turns = cfg.turns();
     let spec = RoundSpec::of(&collect, round, 0);
-    let mut scorer = Scorer::Oracle(Oracle::new(&cfg.oracle())?);
+    let mut oracle = Oracle::new(&cfg.oracle())?;
     let team = load_team(&cfg.team()?, run_dir)?;
     // Sampling requests per collection batch: every candidate of every item in it.
     let rows = (spec.batch_items.saturating_mul(spec.candidates), "collect_batch_size × preference_num_candidates");
@@ -60,8 +65,17 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     check_fits(&team, &item_list, &collect.max_new_tokens, rows, "train")?;
 
     let bar = progress::bar(items.len() as u64, "collect");
-    let source = TeamSource::new(Agents::Borrowed(&team), collect.sampling.clone());
-    let mut built = build_round(&spec, &items, &source, None, &mut scorer, &bar)?;
+    let mut built = match &turns {
+        // Discussions: preferences between whole joint histories (`rounds::discussions`).
+        Some(turns) => {
+            check_discussion_fits(&team, &item_list, &collect.max_new_tokens, rows, "train", turns)?;
+            build_history_round(&spec, &items, &team, &collect.sampling, turns, &mut oracle, &bar)?
+        }
+        None => {
+            let source = TeamSource::new(Agents::Borrowed(&team), collect.sampling.clone());
+            build_round(&spec, &items, &source, None, &mut Scorer::Oracle(oracle), &bar)?
+        }
+    };
     bar.finish_and_clear();
     let pairs = std::mem::take(&mut built.pairs);
     let num_pairs = pairs.len();

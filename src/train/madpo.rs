@@ -3,7 +3,8 @@
 //! pbrl's own). `pbrl train-madpo` and `iterate`'s MADPO rounds run it.
 //!
 //! 1. select the training pairs from the round files with the replay rules (default: the
-//!    newest round) and re-tokenize them from their stored text;
+//!    newest round) and re-tokenize them from their stored text (a multi-turn pair: one row per
+//!    turn and side, each agent's turns' log-probs summed into its history's);
 //! 2. load the team and open a training session on it (`train::session`: one AdamW per agent,
 //!    PyTorch defaults, lr `agent_learning_rate`; `--resume` restores the newest checkpoint);
 //! 3. anchored (or `madpo_log_kl`): score every pair once under the reference policy, without
@@ -24,12 +25,12 @@ use serde_json::json;
 use crate::algo::madpo::{accuracy, joint_margins, other_margins};
 use crate::config::MadpoConfig;
 use crate::prefs::replay::training_pairs;
-use crate::prefs::{check_actors, round_path, PreferencePair};
+use crate::prefs::{check_actors, check_turns, round_path, PreferencePair};
 use crate::run::fingerprint::Fingerprint;
 use crate::run::RunDir;
 use crate::team::{load_reference_team, load_training_team, Agent};
 use crate::train::madpo_batch::{
-    agent_objective, agent_rows, batch_scores, margin_values, margins, scorer, SeqLogProb,
+    agent_objective, agent_rows, batch_scores, fold_turns, margin_values, margins, scorer, ActorScores, SeqLogProb,
 };
 use crate::train::session::{Session, SessionSetup, TrainingData, TrainingSummary};
 use pbrl_model::scoring::{scored_tokens, LastToken, ScoreRow};
@@ -87,8 +88,9 @@ fn check_pairs_fit(
                 lengths.push(scored_tokens(&row, last));
             }
         }
-        // The largest update: the longest 2 rows per pair.
-        let tokens = crate::device::sum_of_largest(lengths, pairs_per_update.saturating_mul(2));
+        // The largest update: the longest 2 rows per pair (2 per turn of a multi-turn pair).
+        let turns = pairs.first().map_or(1, PreferencePair::turns);
+        let tokens = crate::device::sum_of_largest(lengths, pairs_per_update.saturating_mul(2 * turns));
         let need = agent.model.model.config.logit_and_grad_bytes(tokens);
         crate::device::ensure_fits(&agent.device, need, |need, free| {
             format!(
@@ -111,6 +113,7 @@ pub fn train(cfg: &MadpoConfig, run_dir: &RunDir, opts: &TrainOptions) -> Result
     }
     let n = cfg.team.num_actors;
     check_actors(&pairs, n, &cfg.team_setup)?;
+    check_turns(&pairs, cfg.num_turns)?;
     let team = load_training_team(&cfg.team, run_dir)?;
     let last = scorer(cfg.team.centralized, cfg.score_last_token);
     let max_new = &cfg.max_new_tokens;
@@ -155,6 +158,7 @@ pub fn train(cfg: &MadpoConfig, run_dir: &RunDir, opts: &TrainOptions) -> Result
         });
         // One graph per actor, all before any update; actor i's is dropped after its backward.
         let scores = batch_scores(&models, &rows, last, Mode::Train)?;
+        let scores = scores.into_iter().map(|s| fold_turns(s, cfg.num_turns)).collect::<Result<Vec<ActorScores>>>()?;
         for (i, s) in scores.iter().enumerate() {
             let values = s.values()?;
             drift_metrics(i, &values, batch_reference.as_ref().map(|r| r[i].as_slice()), metrics);
@@ -298,7 +302,7 @@ fn reference_log_probs(
                 );
             }
             let scores = batch_scores(&[&scorer.model], std::slice::from_ref(&r), last, Mode::Infer)?;
-            let values = scores[0].values()?;
+            let values = fold_turns(scores.into_iter().next().expect("one scorer"), cfg.num_turns)?.values()?;
             let (w, l) = values.split_at(chunk.len());
             out[i].extend(w.iter().zip(l).map(|(&winner, &loser)| PairLogProbs { winner, loser }));
         }

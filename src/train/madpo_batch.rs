@@ -27,17 +27,30 @@ pub fn agent_rows(
     last: LastToken,
 ) -> Result<Vec<ScoreRow>> {
     let eos = tok.stop_ids[0];
-    let row = |prompt: &str, completion: &str, finished: Option<&Vec<bool>>| -> Result<ScoreRow> {
+    let row = |(prompt, completion, finished): (&str, &str, Option<bool>)| -> Result<ScoreRow> {
         let mut c = tok.encode(completion)?;
-        let ended = finished.and_then(|f| f.get(a).copied()).unwrap_or(c.len() < max_new_tokens);
+        let ended = finished.unwrap_or(c.len() < max_new_tokens);
         if last == LastToken::Include && ended {
             c.push(eos);
         }
         Ok(ScoreRow { prompt: tok.encode(prompt)?, completion: c })
     };
-    let winners = batch.iter().map(|p| row(&p.prompts[a], &p.winner_completions[a], p.winner_finished.as_ref()));
-    let losers = batch.iter().map(|p| row(&p.prompts[a], &p.loser_completions[a], p.loser_finished.as_ref()));
-    winners.chain(losers).collect()
+    // One row per turn of each winner's history (one turn: its joint response), then the losers'.
+    let side = |winner: bool| batch.iter().flat_map(move |p| p.turns_of(a, winner)).map(row);
+    side(true).chain(side(false)).collect()
+}
+
+/// An actor's scores of multi-turn rows ([`agent_rows`]: `turns` consecutive rows per history)
+/// as one score per history: its turns' log-probs and scored tokens summed, the log-probability
+/// of the agent's whole part in the history given each turn's prompt on it.
+pub fn fold_turns(scores: ActorScores, turns: usize) -> Result<ActorScores> {
+    if turns == 1 {
+        return Ok(scores);
+    }
+    let histories = scores.tokens.len() / turns;
+    let sums = scores.sums.reshape((histories, turns))?.sum(1)?;
+    let tokens = scores.tokens.chunks(turns).map(|c| c.iter().sum()).collect();
+    Ok(ActorScores { sums, tokens })
 }
 
 /// Every actor's margins Δ_i(p) = log π_i(winner) − log π_i(loser), (pairs,), differentiable,
@@ -162,6 +175,8 @@ mod tests {
             comparator_raw_reward: None,
             winner_finished: finished.clone(),
             loser_finished: finished,
+            winner_turns: None,
+            loser_turns: None,
         }
     }
 
@@ -205,5 +220,48 @@ mod tests {
         // The reference scorer never sees it.
         let ex = agent_rows(&tok, 1, &[&p], 8, LastToken::Exclude).unwrap();
         assert!(ex.iter().all(|r| r.completion.last() != Some(&eos)));
+    }
+
+    /// A history's margin is the sum of its turns' margins: a 2-turn pair scores as its two
+    /// turns scored as one-turn pairs, added.
+    #[test]
+    fn a_historys_margin_sums_its_turns() {
+        use crate::prefs::TurnRecord;
+        let m = pbrl_model::tiny::tiny_model(pbrl_model::Architecture::Llama, true, 5, DType::F32).unwrap();
+        let record = |p: &str, c: &str| TurnRecord {
+            prompts: vec![p.into(), p.into()],
+            completions: vec![c.into(), c.into()],
+            finished: vec![true, true],
+            reward: 0.0,
+        };
+        let one = |p: &str, w: &str, l: &str| PreferencePair {
+            prompts: vec![p.into(), p.into()],
+            winner_completions: vec![w.into(), w.into()],
+            loser_completions: vec![l.into(), l.into()],
+            winner_finished: Some(vec![true, true]),
+            loser_finished: Some(vec![true, true]),
+            ..pair(None)
+        };
+        let (t1, t2) = (one("w1 w2", "w3 w4", "w5"), one("w6 w1", "w7", "w8 w9 w3"));
+        let two = PreferencePair {
+            winner_turns: Some(vec![record("w1 w2", "w3 w4"), record("w6 w1", "w7")]),
+            loser_turns: Some(vec![record("w1 w2", "w5"), record("w6 w1", "w8 w9 w3")]),
+            ..t2.clone()
+        };
+        let score = |pairs: &[&PreferencePair], turns: usize| -> Vec<f64> {
+            let rows = agent_rows(&m.tokenizer, 0, pairs, 8, LastToken::Include).unwrap();
+            let s = batch_scores(&[&m], &[rows], LastToken::Include, Mode::Infer).unwrap().remove(0);
+            margins(&fold_turns(s, turns).unwrap(), None, false)
+                .unwrap()
+                .to_dtype(DType::F64)
+                .unwrap()
+                .to_vec1()
+                .unwrap()
+        };
+        let history = score(&[&two], 2);
+        let turns = score(&[&t1, &t2], 1);
+        assert_eq!(history.len(), 1);
+        assert!((history[0] - (turns[0] + turns[1])).abs() < 1e-4, "{history:?} vs {turns:?}");
+        assert!(turns[0].abs() > 1e-3 && turns[1].abs() > 1e-3, "both turns count");
     }
 }

@@ -37,7 +37,7 @@ use crate::config::RewardFitConfig;
 use crate::device::{ensure_fits, parse_device, sum_of_largest};
 use crate::oracle::Oracle;
 use crate::prefs::replay::training_pairs;
-use crate::prefs::{check_actors, round_path, PreferencePair};
+use crate::prefs::{check_actors, check_turns, round_path, PreferencePair};
 use crate::reward_model::{JointRewardModel, JointRow};
 use crate::rng::{derive_seed, purpose};
 use crate::run::{atomic_write, RunDir};
@@ -150,6 +150,7 @@ pub fn fit(cfg: &RewardFitConfig, run_dir: &RunDir, opts: &FitOptions) -> Result
         return Ok(None);
     }
     check_actors(&pairs, cfg.training.evaluation.team.num_actors, &cfg.team_setup)?;
+    check_turns(&pairs, 1)?;
     // Whole items are held out (all pairs of one prompt set together, across rounds too): a pair
     // whose prompt also has pairs in the fit measures memory of that prompt, not how the model
     // ranks the responses to a prompt it never saw.
