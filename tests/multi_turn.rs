@@ -146,8 +146,8 @@ fn what_cannot_work_is_refused_and_a_failing_transition_names_itself() {
         assert!(!o.status.success(), "{args:?} should fail");
         String::from_utf8_lossy(&o.stderr).to_string()
     };
-    let e = err(&["collect", "--config", "c.toml"]);
-    assert!(e.contains("`pbrl collect` runs single-turn discussions only"), "{e}");
+    let e = err(&["iterate", "--config", "c.toml"]);
+    assert!(e.contains("`pbrl iterate` runs single-turn discussions only"), "{e}");
     let e = err(&["train-marlhf", "--config", "c.toml", "--set", "rl_algorithm=\"iac\""]);
     assert!(e.contains("the MAGRPO family"), "{e}");
     let e =

@@ -51,7 +51,7 @@ impl Default for TaskConfig {
 /// | `length_ratio` | `target_min` = 2, `target_max` = 3 | r = len(agent 1) / len(agent 0) in characters; 1 inside [min, max], exp(−distance) outside; 0 when agent 0's answer is empty |
 /// | `tldr_length` | `target_chars` = 220, `tolerance` = 110 | the reference's TL;DR dual-length reward: the ratio score (1 in [2, 3]) and the concise length's score, averaged, in [−1, 1]; −1 when an answer is empty |
 /// | `numeric_answer` | `answer_field` = "answer", `tolerance` = 1e-6 | 1 when the last agent's last `\boxed{}` (else its last number) equals the item's answer |
-/// | `keywords` | `keywords` = [], `keywords_field` = "keywords", `regex` = false, `whole_words` = false, `max_words` = [] | the share of the keywords (the config's and the item's) found, case-insensitively, in the agents' texts; `whole_words`: only as whole words; `max_words`: per role, only its first N words are searched (0: all) |
+/// | `keywords` | `keywords` = [], `keywords_field` = "keywords", `regex` = false, `whole_words` = false, `max_words` = [] | the share of the keywords (the config's and the item's) found, case-insensitively, in the agents' texts; `whole_words`: only as whole words; `max_words`: per role, only its first N words are searched (0: all); `split` = false: with true, a keyword counts only when exactly one role's text uses it (the roles share the keywords out) |
 /// | `command` | `command` = [program, args...], `env` = [variable names] | an external program speaking JSON lines: one request per item, `{"prompts", "completions", "items"}`, one answer `{"rewards": [...]}`; it gets `PATH`, `HOME`, `LANG` and the variables `env` names, nothing else |
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

@@ -455,14 +455,15 @@ fn keep_best_tolerance_is_a_number_of_standard_errors() {
 /// rules.
 #[test]
 fn multi_turn_keys_are_checked_and_single_turn_stages_refuse_them() {
-    let debate = "num_turns = 2\n[transition]\nkind = \"debate\"\n";
+    let debate = "agent_model = \"m\"\nnum_turns = 2\n[transition]\nkind = \"debate\"\n";
     let c = load(debate, &[]).unwrap();
     let turns = c.turns().unwrap();
     assert_eq!(turns.num_turns, 2);
     assert!(matches!(&turns.transition, TransitionSpec::Debate(t) if t[0] == DEFAULT_DEBATE_TEMPLATE));
     assert_eq!(turns.history_reward, HistoryReward::Last);
-    assert!(c.single_turn("collect").unwrap_err().0.contains("`pbrl collect` runs single-turn discussions only"));
-    assert!(c.madpo().unwrap_err().0.contains("train-madpo"));
+    assert!(c.single_turn("iterate").unwrap_err().0.contains("`pbrl iterate` runs single-turn discussions only"));
+    assert!(c.reward_fit().unwrap_err().0.contains("`pbrl fit-rm` runs single-turn discussions only"));
+    assert_eq!(c.madpo().unwrap().num_turns, 2, "MADPO trains on multi-turn histories");
     assert!(load(debate, &["rl_algorithm=\"iac\""]).unwrap().marlhf_turns().is_err());
     assert!(load("", &[]).unwrap().turns().is_none(), "one turn");
     for (text, msg) in [
@@ -479,8 +480,10 @@ fn multi_turn_keys_are_checked_and_single_turn_stages_refuse_them() {
         let m = message(text, &[]);
         assert!(m.contains(msg), "{text}: {m}");
     }
+    let m = message(&format!("{debate}[task]\nformatters = [\"{{topic}}\"]\n"), &[]);
+    assert!(m.contains("has no {prompt}, so later turns would not show it"), "{m}");
     let none = load(&format!("early_termination_threshold = \"none\"\n{debate}"), &[]).unwrap();
     assert_eq!(none.early_termination_threshold, Some(Threshold::Never));
     let cross = load("joint_mode = \"cross\"", &[]).unwrap();
-    assert!(cross.single_turn("collect").unwrap_err().0.contains("cross joint actions"));
+    assert!(cross.aligned("collect").unwrap_err().0.contains("cross joint actions"));
 }

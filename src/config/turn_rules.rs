@@ -62,6 +62,15 @@ impl Config {
                 self.discount
             ));
         }
+        if !self.external_prompt_passthrough {
+            if let Some(f) = self.task.formatters.iter().find(|f| !f.contains("{prompt}")) {
+                return err(format!(
+                    "num_turns > 1: the transition's text stands in the item's `prompt` under each agent's template, \
+                     but task.formatters `{f}` has no {{prompt}}, so later turns would not show it; add {{prompt}}, or \
+                     set external_prompt_passthrough = true for the transition to write the whole message"
+                ));
+            }
+        }
         if self.collaboration_mode == "centralized" {
             return err("num_turns > 1 with collaboration_mode = \"centralized\" is not supported: one actor writing \
                         every role has no one else's answer to read");

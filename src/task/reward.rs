@@ -193,6 +193,10 @@ pub struct Keywords {
     pub whole_words: bool,
     #[serde(default)]
     pub max_words: Vec<u32>,
+    /// A keyword counts only when exactly one role's text uses it: the roles share the
+    /// keywords out between them, none used twice.
+    #[serde(default)]
+    pub split: bool,
 }
 fn keywords_field() -> String {
     "keywords".into()
@@ -243,12 +247,22 @@ impl TaskReward for KeywordReward {
                 completions.len()
             );
         }
-        let searched = completions.iter().enumerate().map(|(a, c)| match self.spec.max_words.get(a) {
-            Some(&n) if n > 0 => first_words(c, n as usize),
-            _ => c.as_str(),
-        });
-        let text = searched.collect::<Vec<_>>().join("\n");
-        Ok(patterns.iter().filter(|p| p.is_match(&text)).count() as f64 / patterns.len() as f64)
+        let searched: Vec<&str> = completions
+            .iter()
+            .enumerate()
+            .map(|(a, c)| match self.spec.max_words.get(a) {
+                Some(&n) if n > 0 => first_words(c, n as usize),
+                _ => c.as_str(),
+            })
+            .collect();
+        let counted = match self.spec.split {
+            true => patterns.iter().filter(|p| searched.iter().filter(|t| p.is_match(t)).count() == 1).count(),
+            false => {
+                let text = searched.join("\n");
+                patterns.iter().filter(|p| p.is_match(&text)).count()
+            }
+        };
+        Ok(counted as f64 / patterns.len() as f64)
     }
 }
 
@@ -355,6 +369,20 @@ mod tests {
             regex: false,
             whole_words: false,
             max_words: vec![],
+            split: false,
         }
+    }
+
+    /// Shared out: a keyword counts only in exactly one role's text, never in both.
+    #[test]
+    fn split_keywords_count_once_and_only_once() {
+        let it = item(serde_json::json!({"keywords": ["moon", "bread", "river", "clock"]}));
+        let c = |a: &str, b: &str| vec![a.to_string(), b.to_string()];
+        let spec = Keywords { keywords_field: "keywords".into(), whole_words: true, split: true, ..keyword_spec() };
+        let mut r = spec.compile().unwrap();
+        assert_eq!(r.score(&it, &[], &c("The moon and bread.", "A river clock.")).unwrap(), 1.0);
+        assert_eq!(r.score(&it, &[], &c("The moon and bread.", "The moon, a river.")).unwrap(), 0.5, "moon twice");
+        assert_eq!(r.score(&it, &[], &c("moon bread river clock", "moon bread river clock")).unwrap(), 0.0);
+        assert_eq!(r.score(&it, &[], &c("", "")).unwrap(), 0.0);
     }
 }
