@@ -98,6 +98,18 @@ echo "== comlrl MADPOIter"
 rm -rf "$OUT/comlrl-iterate-rounds"
 "$VENV/bin/python" scripts/bench_comlrl.py --threads "$T" --items 4 --iterate 2 --out "$OUT/comlrl_iterate.json"
 
+# A 2-turn MAGRPO epoch on the task reward over the 8 items: every agent answers, reads the
+# other's answer through the default debate transition, answers again (K 2 per node, a buffer of
+# one item's 3 nodes, no early termination); CoMLRL's MAGRPOTrainer with the same transition.
+rm -rf "$OUT/turns-run"
+turns=(--config configs/quickstart.toml --run-dir "$OUT/turns-run" --threads "$T" task.train_file="$OUT/train8.jsonl"
+  max_new_tokens=32 temperature=0.6 top_p=0.6 top_k=50 num_generations=2 rollout_buffer_size=3 train_batch_size=3
+  num_train_epochs=1 agent_learning_rate=5e-6 eval_interval=0 keep_best=false eval_split=eval_file
+  lr_scheduler_type=constant num_turns=2 rl_reward=task early_termination_threshold=none transition.kind=debate)
+echo "== pbrl train-marlhf, 2-turn debates"; measure "$OUT/pbrl_turns.json" target/release/pbrl train-marlhf "${turns[@]}"
+echo "== comlrl MAGRPO, 2-turn debates"
+"$VENV/bin/python" scripts/bench_comlrl.py --threads "$T" --turns --out "$OUT/comlrl_turns.json"
+
 python3 - "$OUT" <<'PY'
 import json, platform, sys
 d = sys.argv[1]
@@ -118,7 +130,8 @@ r = {k: json.load(open(f"{d}/{k}.json")) for k in ["pbrl_train", "torch_train", 
                                                    "comlrl_marlhf", "pbrl_iterate", "comlrl_iterate", "pbrl_train_lora",
                                                    "torch_train_peft", "pbrl_train_lora_bf16", "torch_train_peft_bf16", "pbrl_collect_lora_f32", "pbrl_madpo_lora_f32",
                                                    "pbrl_collect_lora_q8_0", "pbrl_madpo_lora_q8_0",
-                                                   "pbrl_madpo_lora_f32_ckpt", "pbrl_madpo_lora_q8_0_ckpt"]}
+                                                   "pbrl_madpo_lora_f32_ckpt", "pbrl_madpo_lora_q8_0_ckpt",
+                                                   "pbrl_turns", "comlrl_turns"]}
 num_pairs = json.load(open(f"{d}/collect-run/preference_replay/iteration_0001.json"))["num_pairs"]
 
 
@@ -146,6 +159,7 @@ report = {
     "marlhf_rm_s": {"pbrl": r["pbrl_fit_rm"]["wall_s"], "comlrl": r["comlrl_marlhf"]["marlhf_rm_s"]},
     "marlhf_rl_s": {"pbrl": r["pbrl_train_marlhf"]["wall_s"], "comlrl": r["comlrl_marlhf"]["marlhf_rl_s"]},
     "madpo_iter_s": {"pbrl": r["pbrl_iterate"]["wall_s"], "comlrl": r["comlrl_iterate"]["madpo_iter_s"]},
+    "magrpo_turns_s": {"pbrl": r["pbrl_turns"]["wall_s"], "comlrl": r["comlrl_turns"]["magrpo_turns_s"]},
     "peak_rss_mib": {
         "train_step": {"pbrl": r["pbrl_train"]["peak_rss_mib"], "pytorch": r["torch_train"]["peak_rss_mib"]},
         # pbrl: the larger of its collect and train-madpo processes; CoMLRL: its one collect + train process
@@ -163,6 +177,7 @@ report = {
                                    r["pbrl_train_marlhf"]["peak_rss_mib"]),
                        "comlrl": r["comlrl_marlhf"]["peak_rss_mib"]},
         "madpo_iter_run": {"pbrl": r["pbrl_iterate"]["peak_rss_mib"], "comlrl": r["comlrl_iterate"]["peak_rss_mib"]},
+        "magrpo_turns_run": {"pbrl": r["pbrl_turns"]["peak_rss_mib"], "comlrl": r["comlrl_turns"]["peak_rss_mib"]},
     },
     "threads": r["pbrl_train"]["threads"],
     # the kernel rule pbrl's linear layers followed (crates/pbrl-model/src/gemm/; PBRL_GEMM forces one)
@@ -195,6 +210,8 @@ row("MARLHF RL s (magrpo, 8 items)", report["marlhf_rl_s"], "<= 0.5")
 row("collect + MARLHF peak RSS MiB", m["marlhf_run"], "<= 0.6", 0)
 row("iterative MADPO s (4 items x 2 rounds)", report["madpo_iter_s"], "<= 0.5")
 row("iterative MADPO peak RSS MiB", m["madpo_iter_run"], "<= 0.6", 0)
+row("2-turn MAGRPO epoch s (8 items, wall)", report["magrpo_turns_s"], "<= 0.5")
+row("2-turn MAGRPO peak RSS MiB", m["magrpo_turns_run"], "<= 0.6", 0)
 # LoRA against the full fine-tunes of the same run.
 print(f"{'LoRA train step s vs PEFT':<40}{t['pbrl_lora']:>10.2f}{t['pytorch_peft']:>10.2f}{t['pbrl_lora']/t['pytorch_peft']:>8.2f}  <= 0.8")
 print(f"{'LoRA train step s vs pbrl full':<40}{t['pbrl_lora']:>10.2f}{t['pbrl']:>10.2f}{t['pbrl_lora']/t['pbrl']:>8.2f}  <= 0.6")

@@ -16,6 +16,12 @@ them), 4 candidates, 32 new tokens, temperature 0.6, top_p 0.6, top_k 50, the le
 With --iterate ROUNDS (its own process): MADPOIterTrainer.train() on the items (comparator
 "current", the same candidates, pairs and training settings), timed whole.
 
+With --turns (its own process): MAGRPOTrainer over 2-turn debates on the task reward, one epoch
+over the items (num_generations 2, rollout_buffer_size 3, aligned, no early termination), with
+an external_transition writing pbrl's default debate prompt (the item's prompt, the agent's
+answer, the others' answers), timed whole: the same work as pbrl's `train-marlhf` with
+`num_turns = 2`, `rl_reward = "task"` and `[transition] kind = "debate"`.
+
 With --marlhf (a separate process, so its peak RSS is its own): MARLHFTrainer (rl_algorithm
 magrpo, num_generations 4, the reference's reward-model defaults; the reward model's backbone the
 same SmolLM2 saved once as a Hugging Face directory, since CoMLRL loads it by name), timed by
@@ -80,6 +86,7 @@ def main():
     ap.add_argument("--threads", type=int, default=int(os.environ.get("THREADS", "2")))
     ap.add_argument("--round", help="pbrl round file to train MADPO on after collecting")
     ap.add_argument("--marlhf", action="store_true", help="MARLHF instead of MADPO (see above)")
+    ap.add_argument("--turns", action="store_true", help="MAGRPOTrainer over 2-turn debates (see above)")
     ap.add_argument("--iterate", type=int, metavar="ROUNDS",
                     help="MADPOIterTrainer.train() for ROUNDS rounds (comparator current) instead, timed whole")
     a = ap.parse_args()
@@ -94,6 +101,28 @@ def main():
     common = dict(num_train_epochs=1, num_agents=2, max_new_tokens=32, temperature=0.6, top_p=0.6, top_k=50,
                   preference_num_candidates=4, preference_pairs_per_sample=2, eval_interval=0,
                   agent_devices=["cpu", "cpu"], train_batch_size=2, agent_learning_rate=5e-6)
+    if a.turns:
+        from comlrl.trainers.reinforce.magrpo import MAGRPOConfig, MAGRPOTrainer
+
+        def debate(prompt, agent_completions, num_agents, **_):
+            # pbrl's default debate template, as `transition.template` unset renders it.
+            own = [c.strip() for c in agent_completions]
+            others = lambda i: "\n\n".join(f"Agent {j}: {own[j]}" for j in range(num_agents) if j != i)
+            return [f"{prompt}\n\nYour answer so far:\n{own[i]}\n\nThe other agents answered:\n{others(i)}\n\n"
+                    "Read their answers, then write your own improved answer." for i in range(num_agents)]
+        args = MAGRPOConfig(num_train_epochs=1, learning_rate=5e-6, num_agents=2, num_generations=2, max_new_tokens=32,
+                            temperature=0.6, top_p=0.6, top_k=50, num_turns=2, early_termination_threshold=None,
+                            eval_interval=0, rollout_buffer_size=3, train_batch_size=3, agent_devices=["cpu", "cpu"])
+        trainer = MAGRPOTrainer(agents=agents, num_agents=2, tokenizer=tok, train_dataset=Dataset.from_list(items),
+                                reward_func=lambda c1, c2: [length_ratio(c1[0], c2[0])],
+                                formatters=[formatter(0), formatter(1)], external_transition=debate, args=args)
+        t = time.perf_counter()
+        trainer.train()
+        out = {"magrpo_turns_s": time.perf_counter() - t, "threads": a.threads,
+               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        print(f"CoMLRL MAGRPO, 2-turn debates: {out['magrpo_turns_s']:.1f} s")
+        Path(a.out).write_text(json.dumps(out))
+        return
     if a.iterate:
         from comlrl.trainers.preference.iterative import MADPOIterConfig, MADPOIterTrainer
         args = MADPOIterConfig(**common, num_iterations=a.iterate,
