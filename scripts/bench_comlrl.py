@@ -110,7 +110,7 @@ def main():
             others = lambda i: "\n\n".join(f"Agent {j}: {own[j]}" for j in range(num_agents) if j != i)
             return [f"{prompt}\n\nYour answer so far:\n{own[i]}\n\nThe other agents answered:\n{others(i)}\n\n"
                     "Read their answers, then write your own improved answer." for i in range(num_agents)]
-        args = MAGRPOConfig(num_train_epochs=1, learning_rate=5e-6, num_agents=2, num_generations=2, max_new_tokens=32,
+        args = MAGRPOConfig(num_train_epochs=1, agent_learning_rate=5e-6, num_agents=2, num_generations=2, max_new_tokens=32,
                             temperature=0.6, top_p=0.6, top_k=50, num_turns=2, early_termination_threshold=None,
                             eval_interval=0, rollout_buffer_size=3, train_batch_size=3, agent_devices=["cpu", "cpu"])
         trainer = MAGRPOTrainer(agents=agents, num_agents=2, tokenizer=tok, train_dataset=Dataset.from_list(items),
