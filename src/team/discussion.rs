@@ -115,7 +115,7 @@ pub fn next_turn(
     Ok((users, prompts))
 }
 
-/// Answer tokens a debate template's placeholders hold at the last of `turns` turns, for `n`
+/// Answer tokens the fields of a debate template hold at the last of `turns` turns, for `n`
 /// agents: `{own}` one answer, `{others}` n − 1, `{history}` every answer of the earlier turns;
 /// each answer at most `max_new_tokens`, with a few tokens of its label.
 fn debate_answer_tokens(template: &str, n: usize, turns: usize, max_new_tokens: usize) -> usize {
