@@ -53,10 +53,13 @@ for name in "${order[@]}"; do
   case $name in eval-*) stage "$name" eval ;; *) stage "$name" "$name" ;; esac
 done
 
-reward() { awk '/^eval\/turn_1\/reward_mean/ {print $2}' "$RUN_DIR/logs/$1.log"; }
+# The evaluation's headline: a discussion's score (multi-turn), else turn 1's reward.
+metric=eval/turn_1/reward_mean
+grep -q '^eval/history_reward_mean' "$RUN_DIR/logs/eval-before.log" && metric=eval/history_reward_mean
+reward() { awk -v m="$metric" '$1 == m {print $2}' "$RUN_DIR/logs/$1.log"; }
 before=$(reward eval-before); after=$(reward eval-after)
 total=0; parts=()
 for name in "${order[@]}"; do total=$((total + secs[$name])); parts+=("$name ${secs[$name]} s"); done
 echo
 echo "quickstart cycle in $RUN_DIR ($total s: $(IFS=,; echo "${parts[*]}" | sed 's/,/, /g'))"
-echo "eval/turn_1/reward_mean  before $before  after $after"
+echo "$metric  before $before  after $after"
