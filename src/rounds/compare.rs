@@ -40,7 +40,7 @@ pub fn compare_round(
         &team,
         &item_list,
         &cfg.collect.max_new_tokens,
-        (spec.batch_items.saturating_mul(rows.0), rows.1),
+        (spec.collect.batch_items.saturating_mul(rows.0), rows.1),
         "train",
     )?;
     // MARLHF with preference_scoring_reward = "reward_model": the newest fitted reward model (the

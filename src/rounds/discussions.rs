@@ -38,23 +38,34 @@ pub fn build_history_round(
     let started = std::time::Instant::now();
     let mut transition = Transition::of(&turns.transition)?;
     let mut out = Round::default();
-    for batch in items.chunks(spec.batch_items.max(1)) {
+    for batch in items.chunks(spec.collect.batch_items.max(1)) {
         let batch_items: Vec<TaskItem> = batch.iter().map(|(_, it)| it.clone()).collect();
         let indices: Vec<usize> = batch.iter().map(|(i, _)| *i).collect();
         let round = spec.round as u64;
         let seeds = DiscussionSeeds {
-            first: &|j, a, k| derive_seed(spec.seed, &[purpose::COLLECT, round, indices[j] as u64, a as u64, k as u64]),
+            first: &|j, a, k| {
+                derive_seed(spec.collect.seed, &[purpose::COLLECT, round, indices[j] as u64, a as u64, k as u64])
+            },
             later: &|j, a, k, t| {
                 let path = [purpose::COLLECT_TURN, round, indices[j] as u64, a as u64, k as u64, t as u64];
-                derive_seed(spec.seed, &path)
+                derive_seed(spec.collect.seed, &path)
             },
         };
         let mut tokens = out.tokens;
-        let discussions =
-            discuss(team, &mut transition, turns, &batch_items, &indices, spec.candidates, params, &seeds, |n| {
+        let discussions = discuss(
+            team,
+            &mut transition,
+            turns,
+            &batch_items,
+            &indices,
+            spec.collect.candidates,
+            params,
+            &seeds,
+            |n| {
                 tokens += n;
                 bar.set_message(format!("{:.1} tok/s", tokens as f64 / started.elapsed().as_secs_f64()));
-            })?;
+            },
+        )?;
         out.tokens = tokens;
         for ((index, item), histories) in batch.iter().zip(&discussions) {
             let (raw, records) = score_histories(oracle, item, *index, histories)?;
@@ -65,9 +76,10 @@ pub fn build_history_round(
             if !mean.is_finite() {
                 bail!("train item {index}: its histories' scores overflow when averaged; lower reward.scale / reward.shift");
             }
-            let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(spec.seed, &[purpose::PAIRS, round, *index as u64]));
+            let mut rng =
+                ChaCha8Rng::seed_from_u64(derive_seed(spec.collect.seed, &[purpose::PAIRS, round, *index as u64]));
             let before = out.pairs.len();
-            for (w, l) in select_pairs(&processed, spec.selection, spec.pairs_per_sample, &mut rng) {
+            for (w, l) in select_pairs(&processed, spec.collect.selection, spec.collect.pairs_per_sample, &mut rng) {
                 let (win, lose) = (&histories[w], &histories[l]);
                 let last = |h: &[Turn]| h.last().expect("a history has a turn").texts();
                 let finished = |h: &[Turn]| h.last().map(|t| t.completions.iter().map(|c| c.finished).collect());

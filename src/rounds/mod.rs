@@ -25,7 +25,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::config::CollectConfig;
 use crate::oracle::{Oracle, Scores};
 use crate::prefs::distribution::{comparison_record, distribution_record, histogram, svg};
-use crate::prefs::selection::{select_comparison_pairs, select_pairs, PairSelection, Winner};
+use crate::prefs::selection::{select_comparison_pairs, select_pairs, Winner};
 use crate::prefs::PreferencePair;
 use crate::reward_model::JointRewardModel;
 use crate::rng::{derive_seed, purpose};
@@ -71,31 +71,19 @@ impl Scorer {
     }
 }
 
-/// How a round is built.
-pub struct RoundSpec {
+/// How a round is built: its number, the comparator's joint responses per item (0 without
+/// one), and the collection's settings (seed, candidates, batches, pair selection).
+pub struct RoundSpec<'c> {
     pub round: u32,
-    pub seed: u64,
-    /// Joint responses per item of the team, and of the comparator.
-    pub candidates: usize,
     pub comparator_candidates: usize,
-    pub batch_items: usize,
-    pub selection: PairSelection,
-    pub pairs_per_sample: Option<usize>,
+    pub collect: &'c CollectConfig,
 }
 
-impl RoundSpec {
+impl<'c> RoundSpec<'c> {
     /// Round `round` as the config sets it, with `comparator_candidates` joint responses per
     /// item from the comparator (0 without one).
-    pub fn of(cfg: &CollectConfig, round: u32, comparator_candidates: usize) -> Self {
-        Self {
-            round,
-            seed: cfg.seed,
-            candidates: cfg.candidates,
-            comparator_candidates,
-            batch_items: cfg.batch_items,
-            selection: cfg.selection,
-            pairs_per_sample: cfg.pairs_per_sample,
-        }
+    pub fn of(cfg: &'c CollectConfig, round: u32, comparator_candidates: usize) -> Self {
+        Self { round, comparator_candidates, collect: cfg }
     }
 }
 
@@ -132,12 +120,12 @@ pub fn build_round(
 ) -> Result<Round> {
     let started = std::time::Instant::now();
     let mut out = Round::default();
-    for batch in items.chunks(spec.batch_items.max(1)) {
+    for batch in items.chunks(spec.collect.batch_items.max(1)) {
         let batch_items: Vec<TaskItem> = batch.iter().map(|(_, it)| it.clone()).collect();
         let index = |j: usize| batch[j].0 as u64;
         let seed = |p: u64| {
             move |j: usize, a: usize, k: usize| {
-                derive_seed(spec.seed, &[p, spec.round as u64, index(j), a as u64, k as u64])
+                derive_seed(spec.collect.seed, &[p, spec.round as u64, index(j), a as u64, k as u64])
             }
         };
         let pairs_so_far = out.pairs.len();
@@ -147,7 +135,7 @@ pub fn build_round(
             let rate = tokens as f64 / started.elapsed().as_secs_f64();
             bar.set_message(format!("{pairs_so_far} pairs, {rate:.1} tok/s"));
         };
-        let (n, collect, compare) = (spec.candidates, seed(purpose::COLLECT), seed(purpose::COMPARATOR));
+        let (n, collect, compare) = (spec.collect.candidates, seed(purpose::COLLECT), seed(purpose::COMPARATOR));
         let (current, other): (JointResponses, Option<Vec<Vec<Vec<String>>>>) = match comparator {
             None => (team.sample(&batch_items, n, &collect, &mut on_tokens)?, None),
             Some(Comparator::Team) => {
@@ -189,12 +177,14 @@ pub fn build_round(
                     index(j)
                 );
             }
-            let mut rng =
-                ChaCha8Rng::seed_from_u64(derive_seed(spec.seed, &[purpose::PAIRS, spec.round as u64, index(j)]));
+            let mut rng = ChaCha8Rng::seed_from_u64(derive_seed(
+                spec.collect.seed,
+                &[purpose::PAIRS, spec.round as u64, index(j)],
+            ));
             let before = out.pairs.len();
             match cmp {
                 None => {
-                    for (w, l) in select_pairs(&pc, spec.selection, spec.pairs_per_sample, &mut rng) {
+                    for (w, l) in select_pairs(&pc, spec.collect.selection, spec.collect.pairs_per_sample, &mut rng) {
                         let finished = |k: usize| Some(rollout.responses[j][k].iter().map(|c| c.finished).collect());
                         out.pairs.push(PreferencePair {
                             prompts: prompts.clone(),
@@ -214,9 +204,13 @@ pub fn build_round(
                     }
                 }
                 Some(cmp) => {
-                    for (k, winner) in
-                        select_comparison_pairs(&pc, &pm, spec.selection, spec.pairs_per_sample, &mut rng)
-                    {
+                    for (k, winner) in select_comparison_pairs(
+                        &pc,
+                        &pm,
+                        spec.collect.selection,
+                        spec.collect.pairs_per_sample,
+                        &mut rng,
+                    ) {
                         let (w, l, (wr, lr), (wraw, lraw)) = match winner {
                             Winner::Current => (&cur[k], &cmp[k], (pc[k], pm[k]), (rc[k], rm[k])),
                             Winner::Comparator => (&cmp[k], &cur[k], (pm[k], pc[k]), (rm[k], rc[k])),

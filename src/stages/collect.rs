@@ -59,7 +59,10 @@ pub fn run(cfg: &Config, run_dir: &RunDir, opts: &CollectOptions) -> Result<Coll
     let mut oracle = Oracle::new(&cfg.oracle())?;
     let team = load_team(&cfg.team()?, run_dir)?;
     // Sampling requests per collection batch: every candidate of every item in it.
-    let rows = (spec.batch_items.saturating_mul(spec.candidates), "collect_batch_size × preference_num_candidates");
+    let rows = (
+        spec.collect.batch_items.saturating_mul(spec.collect.candidates),
+        "collect_batch_size × preference_num_candidates",
+    );
     let items: Vec<(usize, TaskItem)> = train_items(&cfg.split())?;
     let item_list: Vec<TaskItem> = items.iter().map(|(_, it)| it.clone()).collect();
     check_fits(&team, &item_list, &collect.max_new_tokens, rows, "train")?;

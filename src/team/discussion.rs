@@ -48,7 +48,7 @@ pub fn discuss(
     seeds: &DiscussionSeeds,
     mut on_tokens: impl FnMut(usize),
 ) -> Result<Vec<Vec<Vec<Turn>>>> {
-    let command = matches!(turns.transition, TransitionSpec::Command { .. });
+    let max_new: Vec<usize> = params.iter().map(|p| p.max_new_tokens).collect();
     let out = rollout(team, items, k, params, seeds.first, &mut on_tokens)?;
     // Branch b is sample b % k of item b / k.
     let mut branches: Vec<(Branch, Vec<Turn>)> = Vec::with_capacity(items.len() * k);
@@ -68,13 +68,8 @@ pub fn discuss(
         let mut texts = vec![Vec::with_capacity(branches.len()); team.len()];
         for (b, (branch, _)) in branches.iter().enumerate() {
             let (j, item) = (b / k, &items[b / k]);
-            let (u, prompts) = next_turn(team, transition, turns.passthrough, item, indices[j], branch)?;
+            let (u, prompts) = next_turn(team, transition, turns.passthrough, item, indices[j], branch, &max_new)?;
             for (a, p) in prompts.into_iter().enumerate() {
-                if command {
-                    let ids = team[a].model.tokenizer.encode(&p)?.len();
-                    let at = format!("item {}, turn {turn}", indices[j]);
-                    check_prompt_fits(&team[a], ids, params[a].max_new_tokens, &at)?;
-                }
                 texts[a].push(p);
             }
             users.push(u);
@@ -95,7 +90,9 @@ pub fn discuss(
 }
 
 /// Every agent's prompt for the turn after `branch` of `item` (`index`: its place in its
-/// file): the user messages (what the branch records) and the texts the models are given.
+/// file): the user messages (what the branch records) and the texts the models are given. A
+/// command transition's prompts are checked here to fit with `max_new_tokens` (a debate's were
+/// bounded before any sampling: [`check_discussion_fits`]).
 pub fn next_turn(
     team: &[Agent],
     transition: &mut Transition,
@@ -103,13 +100,21 @@ pub fn next_turn(
     item: &TaskItem,
     index: usize,
     branch: &Branch,
+    max_new_tokens: &[usize],
 ) -> Result<(Vec<String>, Vec<String>)> {
     let written = transition.next_prompts(item, index, branch)?;
+    let command = matches!(transition, Transition::Command(_));
     let mut users = Vec::with_capacity(team.len());
     let mut prompts = Vec::with_capacity(team.len());
     for (agent, text) in team.iter().zip(&written) {
         let user = agent.turn_message(item, text, passthrough)?;
-        prompts.push(agent.chat_prompt(&user)?);
+        let prompt = agent.chat_prompt(&user)?;
+        if command {
+            let ids = agent.model.tokenizer.encode(&prompt)?.len();
+            let at = format!("item {index}, turn {}", branch.turns() + 1);
+            check_prompt_fits(agent, ids, max_new_tokens[agent.index], &at)?;
+        }
+        prompts.push(prompt);
         users.push(user);
     }
     Ok((users, prompts))
@@ -161,7 +166,7 @@ pub fn check_discussion_fits(
             for _ in 1..turns.num_turns {
                 branch = branch.then(&vec![String::new(); n], &vec![String::new(); n]);
             }
-            let (_, prompts) = next_turn(team, &mut transition, turns.passthrough, item, j, &branch)?;
+            let (_, prompts) = next_turn(team, &mut transition, turns.passthrough, item, j, &branch, max_new_tokens)?;
             let tokens = agent.model.tokenizer.encode(&prompts[agent.index])?.len() + held;
             if tokens + max_new > context {
                 bail!(
@@ -192,7 +197,7 @@ pub fn check_discussion_fits(
 
 /// Refuse a prompt the transition program wrote that does not fit with its answer (`at`: the
 /// item and turn, for the message).
-pub fn check_prompt_fits(agent: &Agent, prompt_ids: usize, max_new_tokens: usize, at: &str) -> Result<()> {
+fn check_prompt_fits(agent: &Agent, prompt_ids: usize, max_new_tokens: usize, at: &str) -> Result<()> {
     let context = agent.model.model.config.context_length();
     if prompt_ids + max_new_tokens > context {
         bail!(

@@ -34,7 +34,7 @@ use crate::config::{MarlhfConfig, TransitionSpec, TurnsConfig};
 use crate::rng::{derive_seed, purpose};
 use crate::run::RunDir;
 use crate::task::transition::{Branch, Transition};
-use crate::team::discussion::{check_discussion_fits, check_prompt_fits, next_turn};
+use crate::team::discussion::{check_discussion_fits, next_turn};
 use crate::team::rollout::{rollout_prompts, Rollout};
 use crate::train::session::{Batches, TrainingSummary};
 use pbrl_model::scoring::{sequence_log_probs, LastToken};
@@ -235,7 +235,6 @@ fn grow(
     tokens: &mut usize,
 ) -> Result<(Vec<GrowingNode>, Vec<Rollout>, Vec<Vec<Vec<Vec<f64>>>>, Vec<usize>)> {
     let team = &setup.team;
-    let command = matches!(shape.turns.transition, TransitionSpec::Command { .. });
     let mut nodes = Vec::new();
     for (j, &i) in chunk.iter().enumerate() {
         let users = team.iter().map(|a| a.first_message(&setup.items[i])).collect::<Result<Vec<_>>>()?;
@@ -280,13 +279,10 @@ fn grow(
             for (q, joint) in joints.iter().enumerate() {
                 let branch = nodes[id].branch.then(&nodes[id].users, joint);
                 let item = &setup.items[chunk[nodes[id].item]];
-                let (users, prompts) = next_turn(team, transition, shape.turns.passthrough, item, index, &branch)?;
+                let passthrough = shape.turns.passthrough;
+                let (users, prompts) =
+                    next_turn(team, transition, passthrough, item, index, &branch, &cfg.max_new_tokens)?;
                 for (a, p) in prompts.into_iter().enumerate() {
-                    if command {
-                        let ids = team[a].model.tokenizer.encode(&p)?.len();
-                        let at = format!("train item {index}, turn {}", turn + 2);
-                        check_prompt_fits(&team[a], ids, cfg.max_new_tokens[a], &at)?;
-                    }
                     texts[a].push(p);
                 }
                 let mut path = nodes[id].path.clone();
